@@ -253,6 +253,11 @@ class Run(models.Model):
     overall = models.FloatField(null=True, blank=True)
     gate_passed = models.BooleanField(null=True, blank=True)
     exit_code = models.SmallIntegerField(null=True, blank=True)
+    # Per-run aggregates written by run_finalize, so lists, overview and trends never
+    # scan executions: total cost, p95 latency, mean judge score.
+    cost_usd = models.FloatField(null=True, blank=True)
+    p95_duration_ms = models.FloatField(null=True, blank=True)
+    judge_mean = models.FloatField(null=True, blank=True)
     execution_count = models.PositiveIntegerField(default=0)
     executions_done = models.PositiveIntegerField(default=0)
     warnings = models.JSONField(default=list, blank=True)
@@ -334,6 +339,9 @@ class Execution(models.Model):
     composite = models.FloatField(null=True, blank=True)
     passed = models.BooleanField(null=True, blank=True)
     claimed_by = models.CharField(max_length=200, blank=True, default="")
+    # When a task for this execution was last sent to the broker; the requeue beat skips
+    # pending executions sent recently instead of flooding the queue every tick.
+    enqueued_at = models.DateTimeField(null=True, blank=True)
     lease_expires = models.DateTimeField(null=True, blank=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
@@ -579,3 +587,17 @@ class Baseline(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}{' (active)' if self.active else ''}"
+
+
+class JudgeCacheEntry(models.Model):
+    """A judge reply kept so an identical call (same model, prompt, input, temperature 0)
+    is not paid twice. `key` is the SHA-256 of everything that shapes the reply."""
+
+    key = models.CharField(max_length=64, unique=True)
+    model = models.CharField(max_length=200)
+    reply = models.JSONField(default=dict)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    hits = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.key[:12]}"

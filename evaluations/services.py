@@ -189,6 +189,9 @@ def run_cancel(*, run_id: int) -> None:
             )
 
 
+JUDGE_CHECK_TYPES = frozenset({"llm_as_judge", "judge"})
+
+
 def run_finalize(*, run_id: int) -> Run:
     """Scores, gates, verdict and exit code of a run, from its stored results (idempotent)."""
     from evaluations.selectors import run_records
@@ -197,9 +200,19 @@ def run_finalize(*, run_id: int) -> Run:
     if run.status == RunStatus.CANCELLED:
         return run
     spec = engine_spec(run)
-    summary = score_run(spec, run_records(run))
+    records = run_records(run)
+    summary = score_run(spec, records)
     composites = [e.composite for e in summary.executions]
+    judge_scores = [
+        result.score
+        for record in records
+        for result in record.results
+        if result.check_type in JUDGE_CHECK_TYPES
+    ]
     run.summary = summary.to_dict()
+    run.cost_usd = summary.metrics.total_cost_usd
+    run.p95_duration_ms = summary.metrics.p95_duration_ms
+    run.judge_mean = sum(judge_scores) / len(judge_scores) if judge_scores else None
     run.composite = sum(composites) / len(composites) if composites else None
     run.pass_rate = summary.pass_rate
     run.resilience = summary.resilience.score

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
-from django.views.generic import TemplateView
 
 from keystone_web.api import api
 
 urlpatterns = [
-    path("", TemplateView.as_view(template_name="home.html"), name="home"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/", api.urls),
+    path("", include("evaluations.urls")),
 ]

@@ -245,6 +245,7 @@ def test_login_page_logs_a_user_in_and_out(client: Any, django_user_model: Any) 
     assert "didn't match" in wrong.content.decode()
     done = client.post("/accounts/login/", {"username": "carol", "password": "pw-carol-123"})
     assert done.status_code == 302
-    assert "carol" in client.get("/").content.decode()
+    # Signed in with no project yet: home sends carol to her (empty) project list.
+    assert client.get("/")["Location"] == "/p/"
     client.post("/accounts/logout/")
     assert "Log in" in client.get("/").content.decode()
