@@ -49,11 +49,25 @@ class ServiceHandle(Protocol):
 
 
 class Judge(Protocol):
-    """An LLM judge (filled in by the judge issue); returns score, passed, reasoning, dimensions."""
+    """An LLM judge (checks.judge_client.JudgeClient). `evaluate` answers a dict with score,
+    passed, reasoning, dimensions and the verdict's metadata, or with `error_code` (a
+    PROVIDER_* code or JUDGE_PARSE_ERROR) when it could not give a verdict. A client may also
+    offer `drift(baseline=, current=, config=)` and `embed(texts)` (the drift and similarity
+    families look for them); those raise JudgeError when the provider fails."""
 
     def evaluate(
         self, *, config: dict[str, Any], judged_input: str, evidence: list[dict[str, Any]]
     ) -> dict[str, Any]: ...
+
+
+class JudgeError(Exception):
+    """The judge's provider failed for good (after its retries). `code` is a failure code
+    value (PROVIDER_TIMEOUT, PROVIDER_AUTH_FAILED, PROVIDER_ERROR, JUDGE_PARSE_ERROR), so the
+    check ends with that code and the run's exit code says "provider error"."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def local_command_runner(workspace: Path, env: dict[str, str] | None = None) -> CommandRunner:

@@ -13,6 +13,40 @@ from typing import Any
 
 from checks.spec.model import Invariant, Scenario, Spec
 
+# Execution.key's column size (evaluations.models uses this constant).
+EXECUTION_KEY_MAX = 400
+
+
+def execution_key(
+    *,
+    pillar: str,
+    scenario: str,
+    prompt_index: int,
+    replica: int,
+    mutation_type: str = "",
+    invariant_id: str | None = None,
+) -> str:
+    """The one identity of an execution within its run: the database's unique key
+    (Execution.key) and the input of its fault seed, so a re-run injects the same faults."""
+    # A NULL invariant_id would escape a plain unique constraint (NULLs are distinct),
+    # so the identity is folded into one non-null string.
+    key = "|".join(
+        [pillar, scenario, str(prompt_index), str(replica), mutation_type, invariant_id or ""]
+    )
+    if len(key) <= EXECUTION_KEY_MAX:
+        return key
+    # Long scenario / invariant names: keep a readable head, and the hash of the whole
+    # key so two long keys with the same head stay distinct.
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return f"{key[: EXECUTION_KEY_MAX - 65]}#{digest}"
+
+
+def execution_seed(run_seed: int, key: str) -> int:
+    """Deterministic per execution under the run's seed (sha256, not hash(): stable across
+    processes and machines)."""
+    digest = hashlib.sha256(f"{run_seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
 
 @dataclass(slots=True)
 class PlannedExecution:
@@ -28,18 +62,19 @@ class PlannedExecution:
 
     @property
     def key(self) -> str:
-        """Unique within a run: the database refuses a second row with the same key."""
-        parts = [self.pillar, self.scenario, str(self.prompt_index), str(self.replica)]
-        if self.isolated_invariant:
-            parts.append(self.isolated_invariant)
-        if self.mutation_type:
-            parts.append(self.mutation_type)
-        return "/".join(parts)
+        """Unique within a run, and equal to the Execution row's key."""
+        return execution_key(
+            pillar=self.pillar,
+            scenario=self.scenario,
+            prompt_index=self.prompt_index,
+            replica=self.replica,
+            mutation_type=self.mutation_type or "",
+            invariant_id=self.isolated_invariant,
+        )
 
     def seed(self, run_seed: int) -> int:
         """Deterministic per execution, so a re-run of one execution injects the same faults."""
-        digest = hashlib.sha256(f"{run_seed}:{self.key}".encode()).digest()
-        return int.from_bytes(digest[:4], "big")
+        return execution_seed(run_seed, self.key)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,11 +89,14 @@ def plan_run(
     *,
     replicas: int | None = None,
     scenarios: list[str] | None = None,
-    mutations: list[tuple[int, str, str]] | None = None,
+    mutations: list[tuple[int, str, int, str]] | None = None,
     replay_sessions: list[dict[str, Any]] | None = None,
 ) -> list[PlannedExecution]:
-    """Every execution of a run. `mutations` are (prompt_index, type, mutated prompt) triples
-    produced by the runner's mutation generator; `replay_sessions` are loaded session dicts."""
+    """Every execution of a run. `mutations` are (prompt_index, type, mutant number, mutated
+    prompt) from the runner's mutation generator; `replay_sessions` are loaded session dicts.
+
+    A mutant runs once, in the first scenario without chaos; its number is the execution's
+    replica, so the `count` mutants of one type and prompt form one group in the report."""
     replica_count = replicas or spec.replicas
     chosen = [s for s in spec.scenarios if not scenarios or s.name in scenarios]
     unknown = set(scenarios or []) - {s.name for s in spec.scenarios}
@@ -93,13 +131,13 @@ def plan_run(
                         )
                     )
     baseline = next((s for s in spec.scenarios if not s.any_chaos_active), None)
-    for index, mutation_type, mutated in mutations or []:
+    for index, mutation_type, mutant, mutated in mutations or []:
         plan.append(
             PlannedExecution(
                 scenario=baseline.name if baseline else "no-chaos",
                 prompt_index=index,
                 prompt=mutated,
-                replica=0,
+                replica=mutant,
                 pillar="mutation",
                 invariant_ids=[inv.id for inv in golden if inv.when in ("always", "no_chaos")],
                 mutation_type=mutation_type,
@@ -137,3 +175,63 @@ def _golden_executions(
             for inv in active
         ]
     return [PlannedExecution(scenario, index, prompt, replica, pillar, [inv.id for inv in active])]
+
+
+# A run may execute only part of its plan: re-running the failed groups of an earlier run,
+# or one execution reproduced from the CLI. A selection is a list of selectors; a planned
+# execution is kept when every field of at least one selector equals its own.
+SELECTION_FIELDS = ("pillar", "scenario", "prompt_index", "replica", "mutation_type", "invariant")
+
+
+def validate_selection(selection: Any) -> list[dict[str, Any]]:
+    """The selection in its stored form, or ValueError naming the selector and field at fault."""
+    if not isinstance(selection, list) or not selection:
+        raise ValueError("a selection is a non-empty list of selectors")
+    cleaned: list[dict[str, Any]] = []
+    for index, selector in enumerate(selection):
+        if not isinstance(selector, dict) or not selector:
+            raise ValueError(f"selector {index}: expected a non-empty mapping of fields")
+        unknown = sorted(set(selector) - set(SELECTION_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"selector {index}: unknown field {unknown[0]!r} "
+                f"(known: {', '.join(SELECTION_FIELDS)})"
+            )
+        for name in ("prompt_index", "replica"):
+            value = selector.get(name)
+            if name in selector and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
+                raise ValueError(f"selector {index}: {name} must be an integer >= 0, got {value!r}")
+        # An absent mutation or isolated invariant is stored as "", as in execution keys.
+        stored = dict(selector)
+        for name in ("mutation_type", "invariant"):
+            if name in stored and stored[name] is None:
+                stored[name] = ""
+        cleaned.append(stored)
+    return cleaned
+
+
+def _selector_fields(planned: PlannedExecution) -> dict[str, Any]:
+    return {
+        "pillar": planned.pillar,
+        "scenario": planned.scenario,
+        "prompt_index": planned.prompt_index,
+        "replica": planned.replica,
+        "mutation_type": planned.mutation_type or "",
+        "invariant": planned.isolated_invariant or "",
+    }
+
+
+def select_planned(
+    plan: list[PlannedExecution], selection: list[dict[str, Any]] | None
+) -> list[PlannedExecution]:
+    """The planned executions the selection keeps (all of them when there is none)."""
+    if not selection:
+        return list(plan)
+    kept = []
+    for planned in plan:
+        fields = _selector_fields(planned)
+        if any(all(fields[k] == v for k, v in selector.items()) for selector in selection):
+            kept.append(planned)
+    return kept

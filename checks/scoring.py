@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from math import comb
 
+from checks.mutation_scoring import mutation_score
 from checks.report_model import (
     MATRIX_PILLARS,
     PILLARS,
@@ -367,7 +368,10 @@ def _pass_rate(groups: Sequence[ReplicaAggregate]) -> float | None:
 
 
 def _pillar_scores(
-    spec: Spec, groups: Sequence[ReplicaAggregate], resilience: Resilience
+    spec: Spec,
+    groups: Sequence[ReplicaAggregate],
+    resilience: Resilience,
+    scores: Sequence[ExecutionScore] = (),
 ) -> dict[str, float | None]:
     chaotic = {s.name for s in spec.scenarios if s.any_chaos_active}
     chaos_groups = [
@@ -378,9 +382,18 @@ def _pillar_scores(
     return {
         "contract": None if resilience.score is None else resilience.score / 100.0,
         "chaos": _pass_rate(chaos_groups),
-        "mutation": _pass_rate([g for g in groups if g.pillar == "mutation"]),
+        "mutation": _mutation_pillar(spec, scores),
         "replay": _pass_rate([g for g in groups if g.pillar == "replay"]),
     }
+
+
+def _mutation_pillar(spec: Spec, scores: Sequence[ExecutionScore]) -> float | None:
+    """Every mutant counts once, weighted by its type (docs/mutations.md); None if none ran."""
+    mutants = [(s.mutation_type or "", s.passed) for s in scores if s.pillar == "mutation"]
+    if not mutants:
+        return None
+    weights = (spec.raw.get("mutations") or {}).get("weights") or {}
+    return mutation_score(mutants, {str(k): float(v) for k, v in weights.items()})
 
 
 # ---------------------------------------------------------------- gates
@@ -557,7 +570,7 @@ def score_run(
     groups.sort(key=_group_order(spec))
     matrix = build_matrix(spec, records)
     resilience = resilience_score(matrix)
-    pillars = _pillar_scores(spec, groups, resilience)
+    pillars = _pillar_scores(spec, groups, resilience, scores)
     gates_config = _gates_config(spec)
     gates = evaluate_gates(
         gates_config, groups=groups, records=records, resilience=resilience, kappa=kappa

@@ -13,8 +13,12 @@ from evaluations.models import (
     Baseline,
     CheckResult,
     Execution,
+    JudgeCacheEntry,
     Membership,
     Project,
+    ResultChange,
+    ReviewItem,
+    ReviewVerdict,
     Run,
     Spec,
     SpecVersion,
@@ -140,3 +144,29 @@ class BaselineAdmin(admin.ModelAdmin):
     list_display = ["name", "spec", "project", "active", "run", "created"]
     list_filter = ["active", "project"]
     raw_id_fields = ["run", "created_by"]
+
+
+class ReviewVerdictInline(admin.TabularInline):
+    model = ReviewVerdict
+    extra = 0
+    raw_id_fields = ["reviewer"]
+
+
+@admin.register(ReviewItem)
+class ReviewItemAdmin(admin.ModelAdmin):
+    list_display = ["id", "project", "run", "invariant_id", "reason", "status", "claimed_by"]
+    list_filter = ["status", "reason"]
+    raw_id_fields = ["run", "execution", "check_result", "claimed_by", "sent_by"]
+    inlines = [ReviewVerdictInline]
+
+
+@admin.register(ResultChange)
+class ResultChangeAdmin(admin.ModelAdmin):
+    list_display = ["id", "run", "invariant_id", "changed_by", "created"]
+    raw_id_fields = ["run", "execution", "check_result", "review_item"]
+
+
+@admin.register(JudgeCacheEntry)
+class JudgeCacheEntryAdmin(admin.ModelAdmin):
+    list_display = ["key", "model", "hits", "created"]
+    search_fields = ["key", "model"]

@@ -77,8 +77,46 @@ def build_parser() -> argparse.ArgumentParser:
         "--label", action="append", metavar="KEY=VALUE", help="label the run (repeatable)"
     )
     run.add_argument("--seed", type=int, default=0, help="seed for faults and mutations")
+    run.add_argument(
+        "--no-judge-cache",
+        action="store_true",
+        help="ask the judge again instead of reusing cached verdicts (nothing is cached either)",
+    )
+    # With --scenario and --seed these re-run exactly one execution of an earlier run (the
+    # reproducer command on its execution page): same cell, same per-execution seed.
+    run.add_argument(
+        "--prompt-index",
+        type=int,
+        action="append",
+        metavar="N",
+        help="run only the prompt with this 0-based index (repeatable; probes count from 1000)",
+    )
+    run.add_argument(
+        "--replica",
+        type=int,
+        action="append",
+        metavar="N",
+        help="run only this 0-based replica (repeatable)",
+    )
+    run.add_argument(
+        "--invariant",
+        action="append",
+        metavar="ID",
+        help="run only the executions isolated to this invariant (per_invariant isolation, probes)",
+    )
     _add_report_options(run)
     run.set_defaults(handler=_django_command("cmd_run"))
+    replay = commands.add_parser("replay", help="replay files (regression pillar)")
+    replay_commands = replay.add_subparsers(dest="replay_command", metavar="ACTION")
+    export = replay_commands.add_parser(
+        "export", help="write a run's failed executions as replay files"
+    )
+    export.add_argument("run_id", type=int, metavar="RUN_ID")
+    export.add_argument("--out", required=True, metavar="DIR", help="directory for the files")
+    export.add_argument(
+        "--all", action="store_true", help="export every finished execution, not only failed ones"
+    )
+    export.set_defaults(handler=_django_command("cmd_replay_export"))
     worker = commands.add_parser("worker", help="start a worker that executes queued runs")
     worker.add_argument("--concurrency", type=int, default=2)
     worker.add_argument("--loglevel", default="info")

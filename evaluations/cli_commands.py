@@ -9,6 +9,7 @@ CELERY_BROKER_URL set it hands the run to the workers and follows its progress.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import subprocess
 import sys
@@ -59,6 +60,21 @@ def cli_labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
+def cli_selection(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """--prompt-index / --replica / --invariant as a run selection (every combination of
+    the values given); None when none of them is given: the whole plan runs."""
+    dimensions = {
+        "prompt_index": getattr(args, "prompt_index", None),
+        "replica": getattr(args, "replica", None),
+        "invariant": getattr(args, "invariant", None),
+    }
+    given = {name: values for name, values in dimensions.items() if values}
+    if not given:
+        return None
+    names = list(given)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*given.values())]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from checks.spec import SpecValidationError, load_spec_file
 
@@ -97,6 +113,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             spec_dir=str(spec_path.resolve().parent),
             seed=args.seed,
             enqueue=False,
+            only=cli_selection(args),
+            judge_cache=not getattr(args, "no_judge_cache", False),
         )
     except ValueError as exc:
         print(f"keystone run: {exc}", file=sys.stderr)
@@ -118,7 +136,7 @@ def _run_in_process(run_id: int, progress: Progress) -> None:
     for done, execution_id in enumerate(execution_ids, start=1):
         services.execution_execute(execution_id=execution_id, worker=f"cli:{os.getpid()}")
         execution = Execution.objects.only(
-            "scenario", "prompt_index", "replica", "status", "passed"
+            "scenario", "prompt_index", "replica", "status", "passed", "pillar", "mutation_type"
         ).get(pk=execution_id)
         progress.step(done, total, execution)
     services.run_finalize_if_done(run_id=run_id)
@@ -188,7 +206,15 @@ class Progress:
                 if execution.status != "success"
                 else "fail"
             )
-            where = f" {execution.scenario} prompt {execution.prompt_index} replica {execution.replica}: {verdict}"
+            pillar = execution.pillar
+            label = (
+                f"{pillar} {execution.mutation_type or execution.scenario}"
+                if pillar in ("mutation", "replay")
+                else execution.scenario
+            )
+            where = (
+                f" {label} prompt {execution.prompt_index} replica {execution.replica}: {verdict}"
+            )
         self.stream.write(f"execution {done}/{total}{where}\n")
         self.stream.flush()
 
@@ -196,6 +222,25 @@ class Progress:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def cmd_replay_export(args: argparse.Namespace) -> int:
+    """`keystone replay export RUN_ID --out DIR`: one replay file per failed execution."""
+    setup_django()
+    from evaluations import services
+    from evaluations.models import Run
+
+    if not Run.objects.filter(pk=args.run_id).exists():
+        print(f"keystone replay export: no run {args.run_id}", file=sys.stderr)
+        return EXIT_SPEC_INVALID
+    written = services.run_replay_export(
+        run_id=args.run_id, out_dir=args.out, failed_only=not args.all
+    )
+    for path in written:
+        print(f"wrote {path}")
+    kind = "execution(s)" if args.all else "failed execution(s)"
+    print(f"{len(written)} {kind} of run {args.run_id} exported as replay files")
+    return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -244,6 +289,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.CELERY_TASK_ALWAYS_EAGER:
         from evaluations.embedded_worker import poll_forever
 
+        settings.KEYSTONE_EMBEDDED_WORKER = True
         threading.Thread(
             target=poll_forever, args=(stop,), daemon=True, name="keystone-worker"
         ).start()

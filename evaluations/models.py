@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.text import get_valid_filename
 
+from checks.planning import EXECUTION_KEY_MAX, execution_key
 from checks.results import CheckResult as EngineCheckResult
 from checks.results import FailureCode
 
@@ -52,6 +53,9 @@ ROLE_RANK = {Role.VIEWER: 1, Role.REVIEWER: 2, Role.EDITOR: 3, Role.ADMIN: 4}
 class Project(models.Model):
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=100, unique=True)
+    # Which judge results go to people, with the keys of a spec's `review:` block; the
+    # spec's block wins key by key (services.review_policy_for).
+    review_policy = models.JSONField(default=dict, blank=True)
     created = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -313,7 +317,6 @@ class ExecutionStatus(models.TextChoices):
 
 
 EXECUTION_ACTIVE_STATUSES = frozenset({ExecutionStatus.PENDING, ExecutionStatus.RUNNING})
-EXECUTION_KEY_MAX = 400
 
 
 class Execution(models.Model):
@@ -401,16 +404,15 @@ class Execution(models.Model):
         pillar: str = Pillar.CONTRACT,
         mutation_type: str = "",
     ) -> str:
-        # A NULL invariant_id would escape a plain unique constraint (NULLs are distinct),
-        # so the identity is folded into one non-null string.
-        key = "|".join(
-            [pillar, scenario, str(prompt_index), str(replica), mutation_type, invariant_id or ""]
+        # One identity for the row and the fault seed: checks.planning owns the format.
+        return execution_key(
+            pillar=pillar,
+            scenario=scenario,
+            prompt_index=prompt_index,
+            replica=replica,
+            mutation_type=mutation_type,
+            invariant_id=invariant_id,
         )
-        if len(key) <= EXECUTION_KEY_MAX:
-            return key
-        # Long scenario / invariant names: keep a readable head, and the hash of the whole
-        # key so two long keys with the same head stay distinct.
-        return f"{key[: EXECUTION_KEY_MAX - 65]}#{sha256_hex(key)}"
 
     @property
     def is_terminal(self) -> bool:
@@ -601,3 +603,194 @@ class JudgeCacheEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} {self.key[:12]}"
+
+
+# --- Review: people grading the judge ---------------------------------------------------
+
+
+class ReviewReason(models.TextChoices):
+    ALL = "all", "Every judge result"
+    SAMPLE = "sample", "Random sample"
+    BORDERLINE = "borderline", "Close to the threshold"
+    DISAGREEMENT = "disagreement", "Judge and checks disagree"
+    SPREAD = "spread", "Judge samples spread"
+    GATE = "gate", "Failing gate"
+    MANUAL = "manual", "Sent by a person"
+
+
+class ReviewStatus(models.TextChoices):
+    OPEN = "open", "Open"
+    ADJUDICATION = "adjudication", "Needs adjudication"
+    COMPLETE = "complete", "Complete"
+
+
+class ReviewItem(models.Model):
+    """One check result (usually the judge's) waiting for, or graded by, people.
+
+    The judge's side (model, prompt version, criteria, score) is copied here when the item
+    is made, so agreement is computed from this table alone; `final_*` is what people
+    decided, written when the item completes.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="review_items")
+    spec = models.ForeignKey(Spec, on_delete=models.CASCADE, related_name="review_items")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="review_items")
+    execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="review_items")
+    check_result = models.ForeignKey(
+        CheckResult, on_delete=models.CASCADE, related_name="review_items"
+    )
+    invariant_id = models.CharField(max_length=200)
+    criteria = models.TextField(blank=True, default="")
+    judge_model = models.CharField(max_length=200, blank=True, default="")
+    prompt_version = models.CharField(max_length=64, blank=True, default="")
+    judge_score = models.FloatField(null=True, blank=True)
+    judge_passed = models.BooleanField(null=True, blank=True)
+    reason = models.CharField(max_length=16, choices=ReviewReason.choices)
+    status = models.CharField(
+        max_length=16, choices=ReviewStatus.choices, default=ReviewStatus.OPEN
+    )
+    reviews_required = models.PositiveSmallIntegerField(default=1)
+    blind = models.BooleanField(default=False)
+    claimed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    claim_expires = models.DateTimeField(null=True, blank=True)
+    final_passed = models.BooleanField(null=True, blank=True)
+    final_score = models.FloatField(null=True, blank=True)
+    sent_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    adjudicated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    completed = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created", "id"]
+        constraints = [
+            # Selection is idempotent and a manual send does not duplicate a pending item;
+            # a completed item does not stop the same result being sent again later.
+            models.UniqueConstraint(
+                fields=["check_result"],
+                condition=~Q(status="complete"),
+                name="reviewitem_one_pending_per_result",
+            ),
+            models.CheckConstraint(
+                condition=Q(reviews_required__gte=1), name="reviewitem_reviews_required_min"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["project", "status", "created", "id"], name="reviewitem_queue_idx"
+            ),
+            models.Index(fields=["run", "status"], name="reviewitem_run_idx"),
+            models.Index(
+                fields=["project", "status", "judge_model", "completed"],
+                name="reviewitem_agreement_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"review {self.pk} {self.invariant_id} ({self.status})"
+
+    def claim_is_live(self, now: Any = None) -> bool:
+        now = now or timezone.now()
+        return (
+            self.claimed_by_id is not None
+            and self.claim_expires is not None
+            and self.claim_expires > now
+        )
+
+    def claimed_by_other(self, user: Any, now: Any = None) -> bool:
+        return self.claim_is_live(now) and self.claimed_by_id != getattr(user, "pk", None)
+
+
+class ReviewVerdict(models.Model):
+    """One reviewer's grade of one item. The database, not the browser, keeps an item to
+    `reviews_required` verdicts: each takes a numbered slot, slots are unique per item and
+    lie in 1..slots_total, and one reviewer grades an item once."""
+
+    item = models.ForeignKey(ReviewItem, on_delete=models.CASCADE, related_name="verdicts")
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="keystone_review_verdicts",
+    )
+    slot = models.PositiveSmallIntegerField()
+    # A copy of item.reviews_required, so a CHECK constraint on this row can bound `slot`.
+    slots_total = models.PositiveSmallIntegerField()
+    passed = models.BooleanField()
+    score = models.FloatField()
+    note = models.TextField(blank=True, default="")
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["item", "slot"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["item", "reviewer"], name="reviewverdict_one_per_reviewer"
+            ),
+            models.UniqueConstraint(fields=["item", "slot"], name="reviewverdict_unique_slot"),
+            models.CheckConstraint(
+                condition=Q(slot__gte=1) & Q(slot__lte=F("slots_total")),
+                name="reviewverdict_slot_in_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(score__gte=0.0) & Q(score__lte=1.0), name="reviewverdict_score_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reviewer} on {self.item_id}: {'pass' if self.passed else 'fail'}"
+
+
+class ResultChange(models.Model):
+    """History of a result that people changed: who, when, and the effective result and
+    scores before and after ({score, passed, source, execution_composite, ...})."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="result_changes")
+    execution = models.ForeignKey(
+        Execution, on_delete=models.CASCADE, related_name="result_changes"
+    )
+    check_result = models.ForeignKey(
+        CheckResult, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
+    )
+    invariant_id = models.CharField(max_length=200)
+    review_item = models.ForeignKey(
+        ReviewItem, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
+    )
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    before = models.JSONField(default=dict)
+    after = models.JSONField(default=dict)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        indexes = [
+            models.Index(fields=["run", "created"], name="resultchange_run_idx"),
+            models.Index(fields=["execution", "created"], name="resultchange_execution_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.invariant_id} changed by {self.changed_by} at {self.created:%Y-%m-%d %H:%M}"

@@ -9,9 +9,12 @@ run_create -> run_plan (Execution rows) -> execution_execute (claim, harness, re
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import threading
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,9 +26,15 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from checks.context import SecurityPolicy
-from checks.planning import PlannedExecution, plan_run
+from checks.planning import (
+    PlannedExecution,
+    execution_seed,
+    plan_run,
+    select_planned,
+    validate_selection,
+)
 from checks.report_model import ExecutionRecord
-from checks.results import ERROR_CODES
+from checks.results import ERROR_CODES, FailureCode
 from checks.scoring import score_execution, score_run
 from checks.spec import SpecValidationError, validate_spec_text
 from checks.spec.model import Spec as EngineSpec
@@ -35,7 +44,15 @@ from evaluations.models import (
     CheckResult,
     Execution,
     ExecutionStatus,
+    Membership,
     Project,
+    ResultChange,
+    ResultSource,
+    ReviewItem,
+    ReviewReason,
+    ReviewStatus,
+    ReviewVerdict,
+    Role,
     Run,
     RunStatus,
     Spec,
@@ -93,8 +110,13 @@ def run_create(
     seed: int = 0,
     created_by: Any = None,
     enqueue: bool = True,
+    only: list[dict[str, Any]] | None = None,
+    judge_cache: bool = True,
 ) -> Run:
-    """A queued run; its planning is handed to a worker once the row is committed."""
+    """A queued run; its planning is handed to a worker once the row is committed.
+    `only` keeps part of the plan (checks.planning.select_planned): the failed groups of an
+    earlier run, or the one execution a reproducer command names. `judge_cache=False` makes
+    the run's judge neither read nor write cached verdicts."""
     labels = {str(k): str(v) for k, v in (labels or {}).items()}
     if scenarios:
         known = {
@@ -105,6 +127,15 @@ def run_create(
             raise ValueError(
                 f"unknown scenario {unknown[0]!r}; the spec has: {', '.join(sorted(known))}"
             )
+    options: dict[str, Any] = {
+        "scenarios": scenarios or [],
+        "spec_dir": spec_dir or "",
+        "seed": seed,
+    }
+    if not judge_cache:
+        options["judge_cache"] = False
+    if only is not None:
+        options["only"] = _checked_selection(spec_version, only, replicas, scenarios)
     run = Run.objects.create(
         project=spec_version.spec.project,
         spec=spec_version.spec,
@@ -114,14 +145,42 @@ def run_create(
         git_sha=labels.get("git_sha", ""),
         branch=labels.get("branch", ""),
         replicas_override=replicas,
-        options={"scenarios": scenarios or [], "spec_dir": spec_dir or "", "seed": seed},
+        options=options,
         created_by=created_by,
     )
-    if enqueue:
+    # Under `keystone serve` on the embedded default, the polling worker picks queued runs
+    # up; an eager task here would run the whole evaluation inside the web request.
+    if enqueue and not settings.KEYSTONE_EMBEDDED_WORKER:
         from evaluations import tasks
 
         transaction.on_commit(lambda: tasks.run_plan.delay(run.pk))
     return run
+
+
+def _checked_selection(
+    spec_version: SpecVersion,
+    only: list[dict[str, Any]],
+    replicas: int | None,
+    scenarios: list[str] | None,
+) -> list[dict[str, Any]]:
+    """A selection that keeps at least one execution of this spec: a run that would plan
+    nothing is refused when it is asked for, not discovered empty later."""
+    selection = validate_selection(only)
+    # Mutants and replay sessions are generated when the run is planned (maybe by a model),
+    # so only selectors of the scenario x prompt matrix are checked here.
+    matrix = [s for s in selection if s.get("pillar") not in ("mutation", "replay")]
+    if not matrix:
+        return selection
+    plan = plan_run(
+        EngineSpec.from_dict(spec_version.parsed), replicas=replicas, scenarios=scenarios or None
+    )
+    if not select_planned(plan, matrix):
+        described = "; ".join(
+            ", ".join(f"{name}={value}" for name, value in selector.items())
+            for selector in selection
+        )
+        raise ValueError(f"no execution of this spec matches the selection ({described})")
+    return selection
 
 
 def engine_spec(run: Run) -> EngineSpec:
@@ -135,22 +194,82 @@ def run_plan(*, run_id: int) -> list[int]:
         run = Run.objects.select_for_update().select_related("spec_version").get(pk=run_id)
         if run.status == RunStatus.QUEUED:
             spec = engine_spec(run)
+            mutants, sessions, warnings = _pillar_inputs(run, spec)
             planned = plan_run(
                 spec,
                 replicas=run.replicas_override,
                 scenarios=run.options.get("scenarios") or None,
+                mutations=mutants,
+                replay_sessions=sessions,
             )
+            planned = select_planned(planned, run.options.get("only"))
             rows = [_execution_row(run, p) for p in planned]
             Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
             run.execution_count = run.executions.count()
             run.status = RunStatus.RUNNING
             run.started = timezone.now()
-            run.save(update_fields=["execution_count", "status", "started"])
+            run.warnings = [*run.warnings, *(w for w in warnings if w not in run.warnings)]
+            run.save(update_fields=["execution_count", "status", "started", "warnings"])
     return list(
         Execution.objects.filter(run_id=run_id, status=ExecutionStatus.PENDING)
         .order_by("id")
         .values_list("id", flat=True)
     )
+
+
+def _pillar_inputs(
+    run: Run, spec: EngineSpec
+) -> tuple[list[tuple[int, str, int, str]], list[dict[str, Any]], list[str]]:
+    """The mutants and replay sessions of a run, and warnings. A run limited to some
+    scenarios (`--scenario`) runs only those: the mutation and replay pillars belong to
+    full runs."""
+    from evaluations.runner.mutations import plan_mutants
+    from evaluations.runner.replay import plan_sessions
+
+    selection = run.options.get("only") or []
+    reproduces_extra = any(s.get("pillar") in ("mutation", "replay") for s in selection)
+    if run.options.get("scenarios") and not reproduces_extra:
+        return [], [], []
+    run_seed = int(run.options.get("seed", 0))
+    mutation_config = spec.raw.get("mutations")
+    ask_model = None
+    if (mutation_config or {}).get("use_llm") and spec.raw.get("llm"):
+        ask_model = _mutation_writer(run, spec)
+    mutants, warnings = plan_mutants(
+        mutation_config, spec.prompts, run_seed=run_seed, ask_model=ask_model
+    )
+    sessions, replay_warnings = plan_sessions(
+        spec.raw.get("replay"),
+        base_dir=run.options.get("spec_dir") or None,
+        from_execution=lambda execution_id: execution_replay_session(
+            execution_id=execution_id, project_id=run.project_id
+        ),
+    )
+    return mutants, sessions, warnings + replay_warnings
+
+
+def _mutation_writer(run: Run, spec: EngineSpec) -> Any:
+    """`ask_model(prompt, type)` through a gateway on the spec's llm (scripted or upstream,
+    the key kept server-side), for `mutations.use_llm`."""
+    import openai
+
+    from evaluations.runner.gateway import Gateway
+    from evaluations.runner.mutations import generate_with_llm
+
+    llm = spec.raw["llm"]
+
+    def ask(prompt: str, mutation_type: str) -> str:
+        with Gateway(llm, secrets=_server_secrets(run)) as gateway:
+            return generate_with_llm(
+                prompt,
+                mutation_type,
+                lambda: openai.OpenAI(
+                    base_url=gateway.base_url, api_key=gateway.api_key, max_retries=1
+                ),
+                model=str(llm.get("model") or "gpt-4o-mini"),
+            )
+
+    return ask
 
 
 def _execution_row(run: Run, planned: PlannedExecution) -> Execution:
@@ -189,6 +308,39 @@ def run_cancel(*, run_id: int) -> None:
             )
 
 
+def run_rerun_failed(*, run_id: int, created_by: Any = None, enqueue: bool = True) -> Run:
+    """A new run of the same spec version, replicas, scenarios and seed that executes only
+    the (scenario x prompt) groups whose verdict failed in the finished run `run_id`, every
+    replica of each, so the new run gives those groups a fresh verdict and pass@k."""
+    run = Run.objects.select_related("spec_version__spec").get(pk=run_id)
+    if run.status != RunStatus.COMPLETED:
+        raise ValueError(f"run {run.pk} is {run.status}: only a completed run has verdicts")
+    failed = [group for group in run.summary.get("groups") or [] if not group.get("passed")]
+    if not failed:
+        raise ValueError(f"run {run.pk} has no failed group to re-run")
+    selection = [
+        {
+            "pillar": group["pillar"],
+            "scenario": group["scenario"],
+            "prompt_index": group["prompt_index"],
+            "mutation_type": group.get("mutation_type") or "",
+        }
+        for group in failed
+    ]
+    return run_create(
+        spec_version=run.spec_version,
+        trigger=Trigger.WEB,
+        labels={**run.labels, "rerun_of": str(run.pk)},
+        replicas=run.replicas_override,
+        scenarios=run.options.get("scenarios") or None,
+        spec_dir=run.options.get("spec_dir") or None,
+        seed=int(run.options.get("seed", 0)),
+        created_by=created_by,
+        enqueue=enqueue,
+        only=selection,
+    )
+
+
 JUDGE_CHECK_TYPES = frozenset({"llm_as_judge", "judge"})
 
 
@@ -200,8 +352,11 @@ def run_finalize(*, run_id: int) -> Run:
     if run.status == RunStatus.CANCELLED:
         return run
     spec = engine_spec(run)
+    _evaluate_deferred(run, spec)
     records = run_records(run)
-    summary = score_run(spec, records)
+    # The kappa gate needs people's grades of this run's judge (a query), so only then.
+    kappa = run_review_kappa(run) if "judge_human_kappa_min" in spec.gates else None
+    summary = score_run(spec, records, kappa=kappa)
     composites = [e.composite for e in summary.executions]
     judge_scores = [
         result.score
@@ -221,8 +376,10 @@ def run_finalize(*, run_id: int) -> Run:
     run.exit_code = summary.exit_code
     run.warnings = sorted(set(run.warnings) | set(summary.warnings))
     run.status = RunStatus.COMPLETED
-    run.finished = timezone.now()
+    # A run rescored after a review keeps the time it really finished.
+    run.finished = run.finished or timezone.now()
     run.save()
+    review_items_select(run_id=run.pk)
     return run
 
 
@@ -310,6 +467,7 @@ def _server_secrets(run: Run) -> dict[str, str]:
 
 def execution_execute(*, execution_id: int, worker: str) -> bool:
     """Claim, run and record one execution. False when another worker has it or it is done."""
+    from evaluations.judge import judge_for_run
     from evaluations.runner.harness import run_execution
     from evaluations.runner.sandbox import select_backend
     from evaluations.runner.services import ServiceError
@@ -325,18 +483,24 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
     if warning and warning not in run.warnings:
         run_warning_add(run_id=run.pk, warning=warning)
     planned = PlannedExecution(**execution.plan)
+    # behavior_unchanged against the no-chaos output is checked when the run is finalised.
+    deferred = _deferred_invariants(spec)
+    planned.invariant_ids = [i for i in planned.invariant_ids if i not in deferred]
     watcher = _LeaseWatcher(execution_id, worker, sandbox)
     watcher.start()
     try:
-        outcome = run_execution(
-            spec,
-            planned,
-            config,
-            execution_key=f"{run.pk}-{execution.pk}",
-            seed=planned.seed(int(run.options.get("seed", 0))),
-            baseline_output=_baseline_output(execution),
-            sandbox=sandbox,
-        )
+        with judge_for_run(run) as judge:
+            config.judge = judge
+            outcome = run_execution(
+                spec,
+                planned,
+                config,
+                execution_key=f"{run.pk}-{execution.pk}",
+                # One identity: the row's key seeds the faults (equal to planned.key).
+                seed=execution_seed(int(run.options.get("seed", 0)), execution.key),
+                baseline_output=_baseline_output(execution),
+                sandbox=sandbox,
+            )
     except ServiceError as exc:
         execution_release(execution_id=execution_id, worker=worker)
         raise InfrastructureError(str(exc)) from exc
@@ -420,6 +584,123 @@ def _baseline_output(execution: Execution) -> str | None:
     return reference
 
 
+# behavior_unchanged with `baseline: auto` compares a faulted execution's output with the
+# no-chaos output of the same prompt. Workers finish executions in any order, so the check
+# does not run with the execution: it runs in run_finalize, when every execution of the run
+# has finished and the reference is known (the lowest no-chaos replica that succeeded).
+# One place, no waiting worker, and the same answer whatever the order was.
+
+
+def _deferred_invariants(spec: EngineSpec) -> set[str]:
+    return {
+        invariant.id
+        for invariant in spec.invariants.values()
+        if invariant.check_type == "behavior_unchanged"
+        and str(invariant.check.get("baseline", "auto")) == "auto"
+    }
+
+
+def _evaluate_deferred(run: Run, spec: EngineSpec) -> None:
+    """Check the deferred invariants of every finished execution (idempotent: the unique
+    constraint keeps the first result) and rescore the executions that got results."""
+    from checks.artifact import RunArtifact
+    from checks.context import CheckContext
+    from checks.engine import evaluate
+    from evaluations.runner.harness import scenario_named
+    from evaluations.selectors import execution_record as execution_record_of
+
+    deferred = _deferred_invariants(spec)
+    if not deferred:
+        return
+    executions = list(
+        Execution.objects.filter(run=run)
+        .exclude(status__in=[ExecutionStatus.PENDING, ExecutionStatus.RUNNING])
+        .order_by("id")
+    )
+    references: dict[int, str] = {}
+    for execution in sorted(executions, key=lambda e: (e.replica, e.pk)):
+        if execution.pillar == "contract" and execution.status == ExecutionStatus.SUCCESS:
+            references.setdefault(execution.prompt_index, execution.final_output)
+    done = set(
+        CheckResult.objects.filter(run=run, invariant_id__in=deferred).values_list(
+            "execution_id", "invariant_id"
+        )
+    )
+    for execution in executions:
+        wanted = [
+            spec.invariants[i]
+            for i in execution.plan.get("invariant_ids") or []
+            if i in deferred and (execution.pk, i) not in done
+        ]
+        if not wanted or execution.error == "cancelled" or execution.pillar == "replay":
+            continue
+        if execution.status == ExecutionStatus.ERROR and not execution.final_output:
+            continue  # the agent never ran: scoring already counts the execution as failed
+        artifact = RunArtifact(final_output=execution.final_output, status=execution.status)
+        context = CheckContext(
+            prompt=execution.prompt,
+            scenario=execution.scenario,
+            baseline_output=references.get(execution.prompt_index),
+        )
+        results = evaluate(artifact, wanted, context, scenario_named(spec, execution.scenario))
+        with transaction.atomic():
+            CheckResult.objects.bulk_create(
+                [CheckResult.from_engine(r, execution=execution) for r in results],
+                ignore_conflicts=True,
+            )
+            record = execution_record_of(execution)
+            score = score_execution(record, pass_threshold=spec.scoring.pass_threshold)
+            Execution.objects.filter(pk=execution.pk).update(
+                composite=score.composite, passed=score.passed
+            )
+
+
+# --- Replay files ---------------------------------------------------------------------
+
+
+def execution_replay_session(*, execution_id: int, project_id: int) -> Any:
+    """A replay session (evaluations.runner.replay.ReplaySession) from a stored execution of
+    the project: its prompt and the tool answers its agent saw. None if there is none."""
+    from checks.artifact import RunArtifact
+    from evaluations.runner.replay import session_from_artifact
+
+    execution = Execution.objects.filter(pk=execution_id, project_id=project_id).first()
+    if execution is None:
+        return None
+    stored = Artifact.objects.filter(execution=execution, kind=ArtifactKind.ARTIFACT_JSON).first()
+    if stored is None:
+        return None
+    with stored.file.open("rb") as handle:
+        artifact = RunArtifact.from_dict(json.loads(handle.read()))
+    return session_from_artifact(
+        execution.prompt,
+        artifact,
+        id=f"run-{execution.run_id}-execution-{execution.pk}",
+        context={"scenario": execution.scenario, "replica": execution.replica},
+    )
+
+
+def run_replay_export(*, run_id: int, out_dir: str | Path, failed_only: bool = True) -> list[Path]:
+    """Write the run's failed executions (or all with failed_only=False) as replay files,
+    one `run-R-execution-E.json` each; executions that kept no artifact are left out."""
+    from evaluations.runner.replay import save_session
+
+    run = Run.objects.get(pk=run_id)
+    target = Path(out_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    executions = Execution.objects.filter(run=run).exclude(
+        status__in=[ExecutionStatus.PENDING, ExecutionStatus.RUNNING]
+    )
+    if failed_only:
+        executions = executions.exclude(passed=True)
+    written = []
+    for execution_id in executions.order_by("id").values_list("id", flat=True):
+        session = execution_replay_session(execution_id=execution_id, project_id=run.project_id)
+        if session is not None:
+            written.append(save_session(session, target / f"{session.id}.json"))
+    return written
+
+
 def execution_record(*, execution_id: int, worker: str, outcome: Any, spec: EngineSpec) -> None:
     """Write an execution's results exactly once: only the worker holding the claim writes,
     and the unique constraints refuse a second set of results."""
@@ -446,7 +727,10 @@ def execution_record(*, execution_id: int, worker: str, outcome: Any, spec: Engi
         try:
             with transaction.atomic():
                 CheckResult.objects.bulk_create(
-                    [CheckResult.from_engine(r, execution=execution) for r in outcome.results]
+                    [
+                        CheckResult.from_engine(_storable_result(r), execution=execution)
+                        for r in outcome.results
+                    ]
                 )
         except IntegrityError:
             return
@@ -462,8 +746,8 @@ def execution_record(*, execution_id: int, worker: str, outcome: Any, spec: Engi
         execution.input_tokens = artifact.input_tokens
         execution.output_tokens = artifact.output_tokens
         execution.tool_call_count = len(artifact.all_tool_calls())
-        execution.final_output = artifact.final_output[:cap]
-        execution.error = artifact.error or ""
+        execution.final_output = _storable(artifact.final_output[:cap])
+        execution.error = _storable(artifact.error or "")
         execution.forbidden_violations = outcome.forbidden_violations
         execution.lease_expires = None
         execution.save()
@@ -471,6 +755,24 @@ def execution_record(*, execution_id: int, worker: str, outcome: Any, spec: Engi
             if warning:
                 run_warning_add(run_id=execution.run_id, warning=warning)
         _count_done(execution.run_id)
+
+
+def _storable(value: Any) -> Any:
+    """PostgreSQL text and jsonb refuse NUL characters, which agents (and the garbage LLM
+    fault) do produce: they are stored as U+FFFD. The artifact files keep the exact bytes."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(v) for v in value]
+    return value
+
+
+def _storable_result(result: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(result, message=_storable(result.message), details=_storable(result.details))
 
 
 def execution_record_error(*, execution_id: int, worker: str, error: str) -> None:
@@ -504,6 +806,9 @@ def _count_done(run_id: int) -> None:
             transaction.on_commit(lambda: tasks.run_finalize.delay(run_id))
 
 
+_EMPTY_TRACE = '{"llm_calls": [], "tool_calls": []}'
+
+
 def _store_artifacts(execution: Execution, artifact: Any) -> None:
     """Large blobs go to Django storage; the rows keep only their names, sizes and hashes."""
     blobs: dict[str, tuple[str, str]] = {
@@ -519,7 +824,7 @@ def _store_artifacts(execution: Execution, artifact: Any) -> None:
         ArtifactKind.ARTIFACT_JSON: ("artifact.json", _json(artifact.to_dict())),
     }
     for kind, (name, text) in blobs.items():
-        if not text or text in ("[]", "{}"):
+        if not text or text in ("[]", "{}", _EMPTY_TRACE):
             continue
         data = text.encode()
         row = Artifact(
@@ -549,21 +854,132 @@ def execution_requeue_expired(*, enqueue: bool = True) -> list[int]:
     Claiming stays conditional, so a duplicate message can never run an execution twice.
     The embedded worker passes enqueue=False and runs the returned ids itself."""
     now = timezone.now()
-    stale_pending = now - timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
+    stale = now - timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
+    # A message sent within the lease time is still on its way (or queued behind others):
+    # sending it again every beat tick would only flood the broker.
+    not_sent_lately = Q(enqueued_at__lt=stale) | Q(enqueued_at__isnull=True, created__lt=stale)
     ids = list(
         Execution.objects.filter(run__status=RunStatus.RUNNING)
         .filter(
             Q(status=ExecutionStatus.RUNNING, lease_expires__lt=now)
-            | Q(status=ExecutionStatus.PENDING, created__lt=stale_pending)
+            & (Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale))
+            | Q(status=ExecutionStatus.PENDING) & not_sent_lately
         )
+        .order_by("id")
         .values_list("id", flat=True)[:1000]
     )
     if enqueue:
-        from evaluations import tasks
-
-        for execution_id in ids:
-            tasks.execution_run.delay(execution_id)
+        execution_enqueue(execution_ids=ids)
     return ids
+
+
+def execution_enqueue(*, execution_ids: list[int]) -> None:
+    """Send an execution_run task for each execution, noting when (Execution.enqueued_at)."""
+    from evaluations import tasks
+
+    for start in range(0, len(execution_ids), 500):
+        batch = execution_ids[start : start + 500]
+        Execution.objects.filter(pk__in=batch).update(enqueued_at=timezone.now())
+        for execution_id in batch:
+            tasks.execution_run.delay(execution_id)
+
+
+# --- Projects and members -----------------------------------------------------------------
+
+
+class MembershipError(ValueError):
+    """A project or membership change that is refused; the message says why, for people."""
+
+
+def project_create(*, name: str, slug: str, created_by: Any) -> Project:
+    """A new project whose creator is its first admin (a project always has one)."""
+    name, slug = name.strip(), slug.strip()
+    if not name:
+        raise MembershipError("The project needs a name.")
+    if not slug:
+        raise MembershipError("The project needs a slug (letters, digits and dashes).")
+    with transaction.atomic():
+        if Project.objects.filter(slug=slug).exists():
+            raise MembershipError(f"A project with the slug {slug!r} already exists.")
+        project = Project.objects.create(name=name, slug=slug)
+        Membership.objects.create(project=project, user=created_by, role=Role.ADMIN)
+    return project
+
+
+def _role(value: str) -> Role:
+    try:
+        return Role(value)
+    except ValueError:
+        choices = ", ".join(Role.values)
+        raise MembershipError(f"Unknown role {value!r}: choose one of {choices}.") from None
+
+
+def _lock_admins(project: Project) -> int:
+    """Lock the project's admin memberships and count them. Two admins demoting each other
+    at the same moment are serialised here, so neither can leave the project adminless."""
+    return len(
+        Membership.objects.select_for_update()
+        .filter(project=project, role=Role.ADMIN)
+        .values_list("pk", flat=True)
+    )
+
+
+def membership_add(*, project: Project, username: str, role: str) -> Membership:
+    from django.contrib.auth import get_user_model
+
+    new_role = _role(role)
+    username = username.strip()
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise MembershipError(f"There is no active user named {username!r}.")
+    with transaction.atomic():
+        existing = Membership.objects.filter(project=project, user=user).first()
+        if existing is not None:
+            raise MembershipError(
+                f"{username} is already a member ({existing.role}); change the role instead."
+            )
+        return Membership.objects.create(project=project, user=user, role=new_role)
+
+
+def membership_set_role(*, project: Project, membership_id: int, role: str) -> Membership:
+    new_role = _role(role)
+    with transaction.atomic():
+        admins = _lock_admins(project)
+        membership = (
+            Membership.objects.select_for_update(of=("self",))
+            .select_related("user")
+            .filter(project=project, pk=membership_id)
+            .first()
+        )
+        if membership is None:
+            raise MembershipError("That membership is not part of this project.")
+        if membership.role == Role.ADMIN and new_role != Role.ADMIN and admins <= 1:
+            raise MembershipError(
+                f"{membership.user.get_username()} is the only admin of {project.name}: "
+                "make someone else admin first."
+            )
+        membership.role = new_role
+        membership.save(update_fields=["role"])
+        return membership
+
+
+def membership_remove(*, project: Project, membership_id: int) -> None:
+    with transaction.atomic():
+        admins = _lock_admins(project)
+        membership = (
+            Membership.objects.select_for_update(of=("self",))
+            .select_related("user")
+            .filter(project=project, pk=membership_id)
+            .first()
+        )
+        if membership is None:
+            raise MembershipError("That membership is not part of this project.")
+        if membership.role == Role.ADMIN and admins <= 1:
+            raise MembershipError(
+                f"{membership.user.get_username()} is the only admin of {project.name}: "
+                "make someone else admin before removing them."
+            )
+        membership.delete()
 
 
 # --- Projects and the demo ----------------------------------------------------------------
@@ -598,3 +1014,624 @@ def demo_load() -> list[str]:
         Membership.objects.get_or_create(project=project, user=user, defaults={"role": Role.ADMIN})
         lines.append("demo user: demo / demo (admin of the default project)")
     return lines
+
+
+# --- Review: people grading the judge -----------------------------------------------------
+#
+# run_finalize calls review_items_select, which queues judge results by the review policy
+# (the project's `review_policy`, overridden key by key by the spec's `review:` block).
+# A reviewer claims an item (a lock with a timeout, taken by a conditional UPDATE), grades
+# it, and when `reviews_required` verdicts agree the human result is written: it outranks
+# the judge's in selectors._effective_results, so the execution and the run are rescored
+# from stored rows, and a ResultChange keeps before and after. Disagreeing reviewers send
+# the item to an admin (adjudication). The number of verdicts per item is enforced by the
+# ReviewVerdict constraints, not by this code.
+
+REVIEW_POLICY_DEFAULTS: dict[str, Any] = {
+    "all": False,
+    "sample_rate": 0.0,
+    "borderline_margin": None,
+    "check_disagreement": False,
+    "spread_max": None,
+    "failing_gates": False,
+    "reviewers_per_item": 1,
+    "blind": False,
+    # Reviewers whose scores differ by more than this disagree even on the same verdict.
+    "disagreement": None,
+}
+REVIEW_NOTE_MAX = 2000
+REVIEW_NEXT_CANDIDATES = 25
+# Float sums (0.7 + 0.15) must not fall outside a margin they meet on paper.
+_REVIEW_EPSILON = 1e-9
+
+
+class ReviewError(Exception):
+    """A review action that is refused; the message says why, for people."""
+
+
+class ReviewPermissionError(ReviewError):
+    """The user's role in the project does not allow this."""
+
+
+class ReviewClaimError(ReviewError):
+    """The item is held by someone else, closed, or already graded by this user."""
+
+
+class ReviewInputError(ReviewError, ValueError):
+    """A grade that is not valid (the message names the field)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewPolicy:
+    all: bool
+    sample_rate: float
+    borderline_margin: float | None
+    check_disagreement: bool
+    spread_max: float | None
+    failing_gates: bool
+    reviewers_per_item: int
+    blind: bool
+    disagreement: float | None
+
+    @property
+    def selects_anything(self) -> bool:
+        return (
+            self.all
+            or self.sample_rate > 0
+            or self.borderline_margin is not None
+            or self.check_disagreement
+            or self.spread_max is not None
+            or self.failing_gates
+        )
+
+
+def review_policy_for(*, project: Project, spec_raw: dict[str, Any]) -> ReviewPolicy:
+    """Defaults, then the project's policy, then the spec's `review:` block (wins)."""
+    merged = dict(REVIEW_POLICY_DEFAULTS)
+    for layer in (project.review_policy or {}, spec_raw.get("review") or {}):
+        merged.update({k: v for k, v in layer.items() if k in REVIEW_POLICY_DEFAULTS})
+    return ReviewPolicy(
+        all=bool(merged["all"]),
+        sample_rate=float(merged["sample_rate"] or 0.0),
+        borderline_margin=_optional_float(merged["borderline_margin"]),
+        check_disagreement=bool(merged["check_disagreement"]),
+        spread_max=_optional_float(merged["spread_max"]),
+        failing_gates=bool(merged["failing_gates"]),
+        reviewers_per_item=max(1, int(merged["reviewers_per_item"] or 1)),
+        blind=bool(merged["blind"]),
+        disagreement=_optional_float(merged["disagreement"]),
+    )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def project_review_policy_set(*, project: Project, policy: dict[str, Any]) -> Project:
+    """Store a project's review policy, checked against the spec schema's `review` block."""
+    import jsonschema
+
+    from checks.spec.schema import spec_schema
+
+    validator = jsonschema.Draft202012Validator(spec_schema()["$defs"]["review"])
+    problems = sorted(validator.iter_errors(policy), key=lambda e: list(e.absolute_path))
+    if problems:
+        first = problems[0]
+        where = ".".join(str(p) for p in first.absolute_path) or "review policy"
+        raise ReviewInputError(f"{where}: {first.message}")
+    project.review_policy = dict(policy)
+    project.save(update_fields=["review_policy"])
+    return project
+
+
+def _require_role(project: Project, user: Any, minimum: Role) -> None:
+    if not project.has_role(user, minimum):
+        raise ReviewPermissionError(
+            f"This needs the {minimum.label.lower()} role in {project.name}."
+        )
+
+
+def _review_claim_seconds() -> int:
+    return int(settings.KEYSTONE_REVIEW_CLAIM_SECONDS)
+
+
+def _sampled(seed: int, result_id: int, rate: float) -> bool:
+    """A deterministic coin per (run seed, result): re-running the selection, or
+    finalizing the run again, picks the same results."""
+    digest = hashlib.sha256(f"{seed}:{result_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rate
+
+
+def _review_reason(
+    row: CheckResult, policy: ReviewPolicy, seed: int, checks: list[CheckResult]
+) -> str | None:
+    """Why this judge result goes to people (the most telling reason), or None."""
+    from evaluations.selectors import judge_view
+
+    judge = judge_view(row)
+    if policy.failing_gates and row.gate and (not row.passed or row.score < 1.0):
+        return ReviewReason.GATE
+    if policy.check_disagreement and judge.passed is not None:
+        shared = set(row.dimensions)
+        for check in checks:
+            if (
+                shared & set(check.dimensions)
+                and not check.to_engine().is_error
+                and check.passed != judge.passed
+            ):
+                return ReviewReason.DISAGREEMENT
+    spread_max, margin = policy.spread_max, policy.borderline_margin
+    spread = judge.spread
+    if spread_max is not None and spread is not None and spread > spread_max + _REVIEW_EPSILON:
+        return ReviewReason.SPREAD
+    distance = None if judge.score is None else abs(judge.score - judge.threshold)
+    if margin is not None and distance is not None and distance <= margin + _REVIEW_EPSILON:
+        return ReviewReason.BORDERLINE
+    if policy.sample_rate > 0 and _sampled(seed, row.pk, policy.sample_rate):
+        return ReviewReason.SAMPLE
+    if policy.all:
+        return ReviewReason.ALL
+    return None
+
+
+def _review_item_for(
+    run: Run, row: CheckResult, *, reason: str, policy: ReviewPolicy, sent_by: Any = None
+) -> ReviewItem:
+    from evaluations.selectors import judge_view
+
+    invariant = (run.spec_version.parsed.get("invariants") or {}).get(row.invariant_id) or {}
+    check = invariant.get("check") or {}
+    is_judge = row.check_type in JUDGE_CHECK_TYPES and row.source != ResultSource.HUMAN
+    judge = judge_view(row)
+    return ReviewItem(
+        project_id=run.project_id,
+        spec_id=run.spec_id,
+        run=run,
+        execution_id=row.execution_id,
+        check_result=row,
+        invariant_id=row.invariant_id,
+        criteria=str(check.get("criteria") or invariant.get("description") or row.invariant_id),
+        judge_model=judge.model if is_judge else "",
+        prompt_version=judge.prompt_version if is_judge else "",
+        judge_score=judge.score if is_judge else None,
+        judge_passed=judge.passed if is_judge else None,
+        reason=reason,
+        reviews_required=policy.reviewers_per_item,
+        blind=policy.blind,
+        sent_by=sent_by,
+    )
+
+
+def review_items_select(*, run_id: int) -> list[ReviewItem]:
+    """Queue the run's judge results that the review policy asks people to grade.
+    Idempotent: a result that already had an item, or already has a human verdict, is
+    skipped, and the database refuses a second pending item for one result."""
+    run = Run.objects.select_related("spec_version", "project").get(pk=run_id)
+    policy = review_policy_for(project=run.project, spec_raw=run.spec_version.parsed)
+    if not policy.selects_anything:
+        return []
+    judged = list(
+        CheckResult.objects.filter(run=run, check_type__in=JUDGE_CHECK_TYPES)
+        .exclude(source=ResultSource.HUMAN)
+        .order_by("id")
+    )
+    if not judged:
+        return []
+    reviewed = set(ReviewItem.objects.filter(run=run).values_list("check_result_id", flat=True))
+    humans = set(
+        CheckResult.objects.filter(run=run, source=ResultSource.HUMAN).values_list(
+            "execution_id", "invariant_id"
+        )
+    )
+    checks: dict[int, list[CheckResult]] = {}
+    if policy.check_disagreement:
+        for check in (
+            CheckResult.objects.filter(run=run, source=ResultSource.ENGINE)
+            .exclude(check_type__in=JUDGE_CHECK_TYPES)
+            .exclude(dimensions=[])
+        ):
+            checks.setdefault(check.execution_id, []).append(check)
+    seed = int(run.options.get("seed", 0) or 0)
+    new_items = []
+    for row in judged:
+        if row.pk in reviewed or (row.execution_id, row.invariant_id) in humans:
+            continue
+        reason = _review_reason(row, policy, seed, checks.get(row.execution_id, []))
+        if reason is not None:
+            new_items.append(_review_item_for(run, row, reason=reason, policy=policy))
+    if not new_items:
+        return []
+    ReviewItem.objects.bulk_create(new_items, ignore_conflicts=True)
+    return list(
+        ReviewItem.objects.filter(
+            run=run, check_result_id__in=[item.check_result_id for item in new_items]
+        ).order_by("id")
+    )
+
+
+def review_send(*, result_id: int, user: Any) -> ReviewItem:
+    """A person sends any check result to the queue (from the execution page). A result
+    already waiting for review returns its pending item."""
+    row = CheckResult.objects.select_related("run__spec_version", "run__project").get(pk=result_id)
+    run = row.run
+    _require_role(run.project, user, Role.REVIEWER)
+    pending = ReviewItem.objects.filter(check_result=row).exclude(status=ReviewStatus.COMPLETE)
+    existing = pending.first()
+    if existing is not None:
+        return existing
+    policy = review_policy_for(project=run.project, spec_raw=run.spec_version.parsed)
+    item = _review_item_for(run, row, reason=ReviewReason.MANUAL, policy=policy, sent_by=user)
+    try:
+        with transaction.atomic():
+            item.save()
+    except IntegrityError:
+        # Someone sent the same result at the same moment: theirs is the pending item.
+        return pending.get()
+    return item
+
+
+def review_claim(*, item_id: int, user: Any) -> ReviewItem:
+    """Lock an item for this reviewer until the claim expires. A conditional UPDATE, so of
+    two reviewers claiming at once exactly one wins; an expired claim can be taken over;
+    claiming again renews one's own claim."""
+    item = ReviewItem.objects.select_related("project").get(pk=item_id)
+    _require_role(item.project, user, Role.REVIEWER)
+    now = timezone.now()
+    claimable = (
+        ReviewItem.objects.filter(pk=item_id, status=ReviewStatus.OPEN)
+        .filter(Q(claimed_by__isnull=True) | Q(claim_expires__lte=now) | Q(claimed_by=user))
+        .exclude(verdicts__reviewer=user)
+    )
+    expires = now + timedelta(seconds=_review_claim_seconds())
+    if claimable.update(claimed_by=user, claim_expires=expires):
+        item.refresh_from_db()
+        return item
+    item.refresh_from_db()
+    if item.status != ReviewStatus.OPEN:
+        raise ReviewClaimError(f"Review item {item.pk} is {item.get_status_display().lower()}.")
+    if item.verdicts.filter(reviewer=user).exists():
+        raise ReviewClaimError(f"You already graded review item {item.pk}.")
+    holder = item.claimed_by.get_username() if item.claimed_by else "someone else"
+    until = (
+        timezone.localtime(item.claim_expires).strftime("%H:%M:%S") if item.claim_expires else ""
+    )
+    raise ReviewClaimError(f"Review item {item.pk} is being graded by {holder} until {until}.")
+
+
+def review_release(*, item_id: int, user: Any) -> None:
+    """Give a claimed item back to the queue (skip)."""
+    ReviewItem.objects.filter(pk=item_id, claimed_by=user).update(
+        claimed_by=None, claim_expires=None
+    )
+
+
+def review_next(
+    *, project: Project, user: Any, filters: Any = None, exclude: tuple[int, ...] = ()
+) -> ReviewItem | None:
+    """The item this reviewer should grade now, claimed for them: one they already hold,
+    else the oldest open one nobody holds that they have not graded. None when done."""
+    from evaluations.selectors import ReviewFilters
+
+    _require_role(project, user, Role.REVIEWER)
+    filters = filters or ReviewFilters()
+    mine = (
+        filters.apply(ReviewItem.objects.filter(project=project, status=ReviewStatus.OPEN))
+        .exclude(verdicts__reviewer=user)
+        .exclude(pk__in=exclude)
+    )
+    now = timezone.now()
+    held = mine.filter(claimed_by=user, claim_expires__gt=now).order_by("created", "id").first()
+    if held is not None:
+        return review_claim(item_id=held.pk, user=user)
+    free = mine.filter(Q(claimed_by__isnull=True) | Q(claim_expires__lte=now)).order_by(
+        "created", "id"
+    )
+    for item_id in free.values_list("pk", flat=True)[:REVIEW_NEXT_CANDIDATES]:
+        try:
+            return review_claim(item_id=item_id, user=user)
+        except ReviewClaimError:
+            continue  # another reviewer took it a moment ago
+    return None
+
+
+def _checked_grade(passed: Any, score: Any, note: Any) -> tuple[bool, float, str]:
+    if not isinstance(passed, bool):
+        raise ReviewInputError("passed: choose pass or fail.")
+    if score is None or score == "":
+        score = 1.0 if passed else 0.0
+    try:
+        value = float(score)
+    except (TypeError, ValueError):
+        raise ReviewInputError(f"score: {score!r} is not a number between 0 and 1.") from None
+    if isinstance(score, bool) or math.isnan(value) or not 0.0 <= value <= 1.0:
+        raise ReviewInputError(f"score: must be between 0 and 1, got {score!r}.")
+    text = str(note or "").strip()
+    if len(text) > REVIEW_NOTE_MAX:
+        raise ReviewInputError(f"note: at most {REVIEW_NOTE_MAX} characters, got {len(text)}.")
+    return passed, value, text
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewSubmission:
+    item: ReviewItem
+    verdict: ReviewVerdict
+    change: ResultChange | None  # set when this verdict completed the item
+
+
+def review_submit(
+    *, item_id: int, user: Any, passed: Any, score: Any = None, note: Any = ""
+) -> ReviewSubmission:
+    """Record one reviewer's grade. The last required verdict completes the item: agreeing
+    reviewers override the result (and the run is rescored), disagreeing ones send it to
+    adjudication. Someone else's live claim refuses the grade; the ReviewVerdict
+    constraints refuse a grade beyond `reviews_required` or a second grade by one person."""
+    passed, score, note = _checked_grade(passed, score, note)
+    item = ReviewItem.objects.select_related("project", "claimed_by").get(pk=item_id)
+    _require_role(item.project, user, Role.REVIEWER)
+    if item.status != ReviewStatus.OPEN:
+        raise ReviewClaimError(
+            f"Review item {item.pk} is {item.get_status_display().lower()}: it takes no more grades."
+        )
+    if item.claimed_by_other(user):
+        holder = item.claimed_by.get_username() if item.claimed_by else "someone else"
+        raise ReviewClaimError(f"Review item {item.pk} is being graded by {holder}.")
+    with transaction.atomic():
+        verdict = _verdict_insert(item, user=user, passed=passed, score=score, note=note)
+        # Lock the item only now: whichever grade locks last sees every committed verdict.
+        locked = ReviewItem.objects.select_for_update().get(pk=item.pk)
+        if locked.claimed_by_id == user.pk:
+            locked.claimed_by = None
+            locked.claim_expires = None
+            locked.save(update_fields=["claimed_by", "claim_expires"])
+        change = None
+        verdicts = list(ReviewVerdict.objects.filter(item_id=item.pk).order_by("slot"))
+        if locked.status == ReviewStatus.OPEN and len(verdicts) >= locked.reviews_required:
+            if _verdicts_agree(locked, verdicts):
+                change = _review_apply(
+                    locked,
+                    passed=verdicts[0].passed,
+                    score=sum(v.score for v in verdicts) / len(verdicts),
+                    user=user,
+                    verdicts=verdicts,
+                )
+            else:
+                locked.status = ReviewStatus.ADJUDICATION
+                locked.save(update_fields=["status"])
+    return ReviewSubmission(item=locked, verdict=verdict, change=change)
+
+
+def _verdict_insert(
+    item: ReviewItem, *, user: Any, passed: bool, score: float, note: str
+) -> ReviewVerdict:
+    """Take the next free slot. Slots are counted without a lock on purpose: grades racing
+    for one slot are settled by the unique (item, slot) constraint (the loser counts again
+    and takes the next slot), and a grade past the last slot is refused by the CHECK
+    constraint slot <= slots_total; a second grade by one reviewer by (item, reviewer)."""
+    for _attempt in range(item.reviews_required + 1):
+        slot = ReviewVerdict.objects.filter(item_id=item.pk).count() + 1
+        try:
+            with transaction.atomic():
+                return ReviewVerdict.objects.create(
+                    item_id=item.pk,
+                    reviewer=user,
+                    slot=slot,
+                    slots_total=item.reviews_required,
+                    passed=passed,
+                    score=score,
+                    note=note,
+                )
+        except IntegrityError as exc:
+            if _violated(exc) != "reviewverdict_unique_slot":
+                raise _verdict_refused(exc, item) from exc
+    raise ReviewClaimError(
+        f"Review item {item.pk} already has its {item.reviews_required} grade(s)."
+    )
+
+
+def _violated(exc: IntegrityError) -> str:
+    """The name of the constraint behind an IntegrityError (PostgreSQL reports it; on
+    SQLite the message names the columns or the CHECK)."""
+    diag = getattr(exc.__cause__, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    if name:
+        return str(name)
+    text = str(exc)
+    if "reviewer_id" in text:
+        return "reviewverdict_one_per_reviewer"
+    if "slot_in_range" in text:
+        return "reviewverdict_slot_in_range"
+    if "slot" in text:
+        return "reviewverdict_unique_slot"
+    return text
+
+
+def _verdict_refused(exc: IntegrityError, item: ReviewItem) -> ReviewError:
+    """Turn a ReviewVerdict constraint violation into a message for the reviewer."""
+    if _violated(exc) == "reviewverdict_one_per_reviewer":
+        return ReviewClaimError(f"You already graded review item {item.pk}.")
+    return ReviewClaimError(
+        f"Review item {item.pk} already has its {item.reviews_required} grade(s)."
+    )
+
+
+def _verdicts_agree(item: ReviewItem, verdicts: list[ReviewVerdict]) -> bool:
+    if len({v.passed for v in verdicts}) > 1:
+        return False
+    run = Run.objects.select_related("spec_version", "project").get(pk=item.run_id)
+    tolerance = review_policy_for(
+        project=run.project, spec_raw=run.spec_version.parsed
+    ).disagreement
+    if tolerance is None:
+        return True
+    scores = [v.score for v in verdicts]
+    return max(scores) - min(scores) <= tolerance + _REVIEW_EPSILON
+
+
+def review_adjudicate(
+    *, item_id: int, user: Any, passed: Any, score: Any = None, note: Any = ""
+) -> ResultChange:
+    """An admin decides an item whose reviewers disagreed."""
+    passed, score, note = _checked_grade(passed, score, note)
+    item = ReviewItem.objects.select_related("project").get(pk=item_id)
+    _require_role(item.project, user, Role.ADMIN)
+    with transaction.atomic():
+        locked = ReviewItem.objects.select_for_update().get(pk=item.pk)
+        if locked.status != ReviewStatus.ADJUDICATION:
+            raise ReviewClaimError(
+                f"Review item {item.pk} is {locked.get_status_display().lower()}, "
+                "not waiting for adjudication."
+            )
+        locked.adjudicated_by = user
+        verdicts = list(ReviewVerdict.objects.filter(item_id=item.pk).order_by("slot"))
+        return _review_apply(
+            locked, passed=passed, score=score, user=user, verdicts=verdicts, note=note
+        )
+
+
+def _review_apply(
+    item: ReviewItem,
+    *,
+    passed: bool,
+    score: float,
+    user: Any,
+    verdicts: list[ReviewVerdict],
+    note: str = "",
+) -> ResultChange:
+    """Write the human result for the item's invariant, rescore its execution and its
+    run from stored rows, and record before and after. Runs inside the caller's
+    transaction, with the item locked."""
+    from evaluations.selectors import _effective_results, execution_record
+
+    # One recomputation of a run at a time, so none is computed from a stale read.
+    run = Run.objects.select_for_update().select_related("spec_version").get(pk=item.run_id)
+    execution = Execution.objects.select_for_update().get(pk=item.execution_id)
+    reviewed = CheckResult.objects.get(pk=item.check_result_id)
+    same_invariant = list(
+        CheckResult.objects.filter(execution=execution, invariant_id=item.invariant_id)
+    )
+    current = _effective_results(same_invariant)[0] if same_invariant else reviewed
+    before = _review_snapshot(current, execution, run)
+
+    names = [v.reviewer.get_username() if v.reviewer else "(deleted user)" for v in verdicts]
+    decided_by = user.get_username()
+    adjudicated = item.adjudicated_by_id is not None
+    human, _ = CheckResult.objects.update_or_create(
+        execution=execution,
+        invariant_id=item.invariant_id,
+        source=ResultSource.HUMAN,
+        defaults={
+            "run": run,
+            "check_type": reviewed.check_type,
+            "score": score,
+            "passed": passed,
+            "failure_code": _human_failure_code(reviewed, passed),
+            "message": (
+                f"{'adjudicated by ' + decided_by if adjudicated else 'reviewed by ' + ', '.join(names)}: "
+                f"{'pass' if passed else 'fail'} ({score:.2f})"
+            ),
+            "details": {
+                "review_item": item.pk,
+                "reviewed_result": reviewed.pk,
+                "reviewed_source": reviewed.source,
+                "verdicts": [
+                    {"reviewer": name, "passed": v.passed, "score": v.score, "note": v.note}
+                    for name, v in zip(names, verdicts, strict=True)
+                ],
+                "adjudicated_by": decided_by if adjudicated else None,
+                "adjudication_note": note if adjudicated else "",
+            },
+            "severity": reviewed.severity,
+            "weight": reviewed.weight,
+            "gate": reviewed.gate,
+            "dimensions": list(reviewed.dimensions),
+        },
+    )
+
+    item.status = ReviewStatus.COMPLETE
+    item.final_passed = passed
+    item.final_score = score
+    item.completed = timezone.now()
+    item.claimed_by = None
+    item.claim_expires = None
+    item.save()
+
+    _execution_rescore(execution, run, execution_record)
+    if run.status == RunStatus.COMPLETED:
+        # Scores, verdict, gates (and the kappa gate, now with this decision) again.
+        run = run_finalize(run_id=run.pk)
+    return ResultChange.objects.create(
+        run=run,
+        execution=execution,
+        check_result=human,
+        invariant_id=item.invariant_id,
+        review_item=item,
+        changed_by=user,
+        before=before,
+        after=_review_snapshot(human, execution, run),
+    )
+
+
+def _review_snapshot(result: CheckResult, execution: Execution, run: Run) -> dict[str, Any]:
+    return {
+        "score": result.score,
+        "passed": result.passed,
+        "source": result.source,
+        "execution_composite": execution.composite,
+        "execution_passed": execution.passed,
+        "run_composite": run.composite,
+        "run_gate_passed": run.gate_passed,
+        "run_exit_code": run.exit_code,
+    }
+
+
+def _human_failure_code(reviewed: CheckResult, passed: bool) -> str:
+    """A failing human verdict keeps the reviewed result's failure code, except an error
+    code (people gave a verdict where the check could not); a judge's becomes 'below
+    threshold'."""
+    if passed:
+        return ""
+    if reviewed.failure_code and not reviewed.to_engine().is_error:
+        return reviewed.failure_code
+    if reviewed.check_type in JUDGE_CHECK_TYPES:
+        return FailureCode.JUDGE_BELOW_THRESHOLD.value
+    return ""
+
+
+def _execution_rescore(execution: Execution, run: Run, record_of: Any) -> None:
+    """The execution's composite and verdict from its effective results."""
+    spec = engine_spec(run)
+    record = record_of(execution)
+    if (
+        execution.status == ExecutionStatus.ERROR
+        and not execution.error
+        and not any(r.is_error for r in record.results)
+    ):
+        # execution_record marks a successful execution `error` only because a check
+        # could not finish (a judge parse error, say); people have now given the verdict.
+        execution.status = ExecutionStatus.SUCCESS
+        record.status = ExecutionStatus.SUCCESS
+    score = score_execution(record, pass_threshold=spec.scoring.pass_threshold)
+    execution.composite = score.composite
+    execution.passed = score.passed
+    execution.save(update_fields=["status", "composite", "passed"])
+
+
+def run_review_kappa(run: Run) -> float | None:
+    """Judge-human kappa for the judge this run used (the models of its judge results),
+    over the spec's completed reviews; None when there is nothing to measure."""
+    from django.db.models.fields.json import KeyTextTransform, KeyTransform
+
+    from evaluations.selectors import review_kappa
+
+    rows = (
+        CheckResult.objects.filter(run=run, check_type__in=JUDGE_CHECK_TYPES)
+        .exclude(source=ResultSource.HUMAN)
+        .annotate(
+            nested=KeyTextTransform("model", KeyTransform("judge", "details")),
+            flat=KeyTextTransform("model", "details"),
+        )
+        .values_list("nested", "flat")
+        .distinct()
+    )
+    models = {nested or flat for nested, flat in rows if nested or flat}
+    return review_kappa(project_id=run.project_id, spec_id=run.spec_id, judge_models=models)

@@ -13,8 +13,7 @@ from evaluations import services
 @shared_task(acks_late=True)
 def run_plan(run_id: int) -> int:
     execution_ids = services.run_plan(run_id=run_id)
-    for execution_id in execution_ids:
-        execution_run.delay(execution_id)
+    services.execution_enqueue(execution_ids=execution_ids)
     if not execution_ids:
         services.run_finalize_if_done(run_id=run_id)
     return len(execution_ids)

@@ -230,6 +230,10 @@ STORAGES = {
 # Read by keystone_web/celery.py through config_from_object(namespace="CELERY").
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
+# True while `keystone serve` runs its database-polling worker (no broker): queued runs are
+# left for that worker instead of being executed eagerly inside the request that made them.
+KEYSTONE_EMBEDDED_WORKER = False
+
 # No broker = the embedded default: tasks run in the calling process, errors propagate.
 CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
 if CELERY_TASK_ALWAYS_EAGER:
@@ -281,11 +285,19 @@ KEYSTONE_JUDGE_BASE_URL = env_str("KEYSTONE_JUDGE_BASE_URL")
 KEYSTONE_JUDGE_API_KEY_ENV = env_str("KEYSTONE_JUDGE_API_KEY_ENV", "OPENAI_API_KEY")
 KEYSTONE_JUDGE_TEMPERATURE = env_float("KEYSTONE_JUDGE_TEMPERATURE", 0.0)
 KEYSTONE_JUDGE_TIMEOUT = env_float("KEYSTONE_JUDGE_TIMEOUT", 60.0)
+# Judge calls: retries of timeouts / 429 / 5xx (backoff from BACKOFF seconds, doubling, with
+# jitter), calls in flight per judge endpoint in one process, the model behind `embed`.
+KEYSTONE_JUDGE_MAX_RETRIES = env_int("KEYSTONE_JUDGE_MAX_RETRIES", 3)
+KEYSTONE_JUDGE_BACKOFF = env_float("KEYSTONE_JUDGE_BACKOFF", 0.5)
+KEYSTONE_JUDGE_CONCURRENCY = env_int("KEYSTONE_JUDGE_CONCURRENCY", 4)
+KEYSTONE_JUDGE_EMBEDDING_MODEL = env_str("KEYSTONE_JUDGE_EMBEDDING_MODEL", "text-embedding-3-small")
 # Cap on Execution.final_output kept in the row; the full text stays in the artifact blob.
 KEYSTONE_FINAL_OUTPUT_MAX_CHARS = env_int("KEYSTONE_FINAL_OUTPUT_MAX_CHARS", 65536)
 # A worker renews its execution's lease every third of this; an execution whose lease ran
 # out (its worker died) is run again by another worker.
 KEYSTONE_EXECUTION_LEASE_SECONDS = env_int("KEYSTONE_EXECUTION_LEASE_SECONDS", 60)
+# How long a reviewer holds a claimed review item before someone else may take it.
+KEYSTONE_REVIEW_CLAIM_SECONDS = env_int("KEYSTONE_REVIEW_CLAIM_SECONDS", 600)
 CELERY_BEAT_SCHEDULE = {
     "requeue-expired-executions": {
         "task": "evaluations.tasks.requeue_expired_executions",

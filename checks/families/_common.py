@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from checks.artifact import RunArtifact
-from checks.context import CheckContext
+from checks.context import CheckContext, JudgeError
 from checks.registry import Check
-from checks.results import Outcome
+from checks.results import FailureCode, Outcome
 
 TAIL_BYTES = 2048  # how much of stdout/stderr a reviewer gets in details
 MESSAGE_TAIL = 300  # how much of it goes into the one-line message
@@ -31,7 +31,8 @@ Evaluate = Callable[[CheckT, RunArtifact, CheckContext], Outcome]
 
 
 def guarded(method: Evaluate[CheckT]) -> Evaluate[CheckT]:
-    """Decorate `evaluate`: a ConfigError becomes Outcome.error instead of an exception."""
+    """Decorate `evaluate`: a ConfigError (or a JudgeError) becomes Outcome.error instead of
+    an exception."""
 
     @functools.wraps(method)
     def wrapper(self: CheckT, artifact: RunArtifact, context: CheckContext) -> Outcome:
@@ -39,8 +40,17 @@ def guarded(method: Evaluate[CheckT]) -> Evaluate[CheckT]:
             return method(self, artifact, context)
         except ConfigError as exc:
             return Outcome.error(f"{self.type}: {exc}")
+        except JudgeError as exc:  # the judge's provider failed: its code, not a check error
+            return Outcome.error(f"{self.type}: judge error {exc.code}: {exc}", _judge_code(exc))
 
     return wrapper
+
+
+def _judge_code(exc: JudgeError) -> FailureCode:
+    try:
+        return FailureCode(exc.code)
+    except ValueError:
+        return FailureCode.PROVIDER_ERROR
 
 
 # --- config readers -------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """`llm_as_judge` (alias `judge`): a model scores the judged input against criteria.
 
 This module only chooses what is judged (`input_from`) and turns the judge's answer into an
-Outcome; talking to the model is the judge client's job (context.judge).
+Outcome whose details carry the verdict's metadata under `judge` (docs/checks.md); talking to
+the model is the judge client's job (context.judge, checks.judge_client). The engine marks
+these results `source="judge"`, so a human review can later override them.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from checks.artifact import RunArtifact
-from checks.context import CheckContext
+from checks.context import CheckContext, JudgeError
 from checks.families._common import (
     ConfigError,
     get_number,
@@ -73,6 +75,9 @@ class JudgeCheck(Check):
             answer = context.judge.evaluate(
                 config=self.config, judged_input=text, evidence=context.evidence
             )
+        except JudgeError as exc:
+            code = _ERROR_CODES.get(exc.code, FailureCode.PROVIDER_ERROR)
+            return Outcome.error(f"judge error {exc.code}: {exc}", code)
         except TimeoutError as exc:
             return Outcome.error(f"judge timed out: {exc}", FailureCode.PROVIDER_TIMEOUT)
         except (
@@ -88,31 +93,73 @@ class JudgeCheck(Check):
             return Outcome.error(
                 "the judge returned no answer object", FailureCode.JUDGE_PARSE_ERROR
             )
+        reasoning = str(answer.get("reasoning", ""))
         details: dict[str, Any] = {
             "input_from": source,
             "judged_input_preview": preview(text, 300),
-            "reasoning": str(answer.get("reasoning", "")),
+            "criteria": str(self.config.get("criteria", "")),
+            "reasoning": reasoning,
             "pass_threshold": threshold,
         }
+        if isinstance(self.config.get("rubric"), dict):
+            details["rubric"] = dict(self.config["rubric"])
         if answer.get("dimensions"):
             details["dimensions"] = answer["dimensions"]
-        if self.config.get("model"):
-            details["model"] = self.config["model"]
+        model = answer.get("model") or self.config.get("model")
+        if model:
+            details["model"] = str(model)
         error_code = answer.get("error_code")
         if error_code:
             code = _ERROR_CODES.get(str(error_code), FailureCode.PROVIDER_ERROR)
+            details["judge"] = _judge_details(answer, None, reasoning, model)
+            details["judge"]["error_code"] = code.value
             reason = answer.get("reasoning") or answer.get("error") or error_code
             return Outcome.error(f"judge error {error_code}: {reason}", code, **details)
         score = answer.get("score")
         if isinstance(score, bool) or not isinstance(score, int | float):
+            details["judge"] = _judge_details(answer, None, reasoning, model)
             return Outcome.error(
                 "the judge's answer has no numeric score", FailureCode.JUDGE_PARSE_ERROR, **details
             )
         score = min(1.0, max(0.0, float(score)))
         details["score"] = score
+        details["judge"] = _judge_details(answer, score, reasoning, model)
         if "passed" in answer:
             details["judge_passed"] = answer["passed"]
         if score < threshold:
-            message = f"judge score {score:.2f} below threshold {threshold:g}: {preview(details['reasoning'], 200)}"
+            message = (
+                f"judge score {score:.2f} below threshold {threshold:g}: {preview(reasoning, 200)}"
+            )
             return Outcome(False, score, FailureCode.JUDGE_BELOW_THRESHOLD, message, details)
         return Outcome(True, score, None, f"judge score {score:.2f} >= {threshold:g}", details)
+
+
+def _judge_details(
+    answer: dict[str, Any], score: float | None, reasoning: str, model: Any
+) -> dict[str, Any]:
+    """details["judge"]: the verdict and everything needed to audit or re-check it later
+    (docs/checks.md, "The judge"). Fields a judge did not report get neutral values."""
+    spread = answer.get("spread")
+    if not isinstance(spread, int | float) or isinstance(spread, bool):
+        spread = 0.0 if score is not None else None  # one verdict: no spread to speak of
+    passed = answer.get("passed")
+    return {
+        "model": str(model or ""),
+        "prompt_version": str(answer.get("prompt_version") or ""),
+        "raw_reply": str(answer.get("raw_reply") or ""),
+        "reasoning": reasoning,
+        "score": score,
+        "passed": passed if isinstance(passed, bool) else None,
+        "samples": list(answer.get("samples") or []),
+        "spread": spread,
+        "dimensions": dict(answer.get("dimensions") or {}),
+        "input_tokens": _int(answer.get("input_tokens")),
+        "output_tokens": _int(answer.get("output_tokens")),
+        "cost_usd": float(answer.get("cost_usd") or 0.0),
+        "cached": bool(answer.get("cached", False)),
+        "latency_ms": float(answer.get("latency_ms") or 0.0),
+    }
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0

@@ -69,7 +69,11 @@ def invoke_agent(
     limit = min(timeout, float(agent_config.get("timeout") or DEFAULT_AGENT_TIMEOUT))
     if kind == "http":
         return _invoke_http(
-            agent_config, prompt=prompt, timeout=limit, max_output_bytes=max_output_bytes
+            agent_config,
+            prompt=prompt,
+            timeout=limit,
+            max_output_bytes=max_output_bytes,
+            keystone_env=endpoint_env(env),
         )
     if kind not in ("command", "python"):
         raise AgentConfigError(
@@ -346,14 +350,44 @@ def _cap(text: str, cap: int) -> str:
 # --------------------------------------------------------------------------- http agents
 
 
+KEYSTONE_ENV_HEADER = "X-Keystone-Env"
+_ENDPOINT_PREFIXES = ("KEYSTONE_TOOL_", "KEYSTONE_SERVICE_")
+_ENDPOINT_NAMES = ("KEYSTONE_PROXY_URL", "KEYSTONE_SCENARIO", "KEYSTONE_REPLICA")
+
+
+def endpoint_env(env: dict[str, str]) -> dict[str, str]:
+    """The per-execution endpoints an HTTP agent gets in the X-Keystone-Env header (JSON):
+    the gateway (OPENAI_BASE_URL and its per-execution token), tools, services. An HTTP agent
+    runs outside the sandbox and cannot read them from its environment; one that talks to
+    its model and tools through these gets the scenario's faults where it really calls them.
+    Never the spec's secrets."""
+    endpoints = {
+        key: value
+        for key, value in env.items()
+        if key.startswith(_ENDPOINT_PREFIXES) or key in _ENDPOINT_NAMES
+    }
+    if env.get("OPENAI_BASE_URL"):
+        # Only with the gateway: then OPENAI_API_KEY is its per-execution token, not a secret.
+        endpoints["OPENAI_BASE_URL"] = env["OPENAI_BASE_URL"]
+        endpoints["OPENAI_API_KEY"] = env.get("OPENAI_API_KEY", "")
+    return endpoints
+
+
 def _invoke_http(
-    agent_config: dict[str, Any], *, prompt: str, timeout: float, max_output_bytes: int
+    agent_config: dict[str, Any],
+    *,
+    prompt: str,
+    timeout: float,
+    max_output_bytes: int,
+    keystone_env: dict[str, str] | None = None,
 ) -> AgentResult:
     endpoint = agent_config.get("endpoint")
     if not endpoint:
         raise AgentConfigError("agent.endpoint is required for type 'http'")
     method = str(agent_config.get("method") or "POST").upper()
     headers = {str(k): str(v) for k, v in (agent_config.get("headers") or {}).items()}
+    if keystone_env:
+        headers[KEYSTONE_ENV_HEADER] = json.dumps(keystone_env, sort_keys=True)
     body = render_request(agent_config.get("request_template"), prompt)
     if body is not None and not any(k.lower() == "content-type" for k in headers):
         headers["Content-Type"] = "application/json"

@@ -8,6 +8,7 @@ CLI both call `run_execution`; what they do with the outcome (rows or a report) 
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import shutil
 import time
@@ -17,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from checks.artifact import RunArtifact, ToolCall
-from checks.context import CheckContext, SecurityPolicy
+from checks.context import CheckContext, Judge, SecurityPolicy
 from checks.engine import evaluate
 from checks.forbidden import evaluate_forbidden
 from checks.planning import PlannedExecution
-from checks.results import CheckResult
+from checks.results import PROVIDER_CODES, CheckResult
 from checks.spec.model import Scenario, Spec
 from evaluations.runner import workspace as ws
 from evaluations.runner.agents import invoke_agent, reset_agent
@@ -47,6 +48,7 @@ class HarnessConfig:
     policy: SecurityPolicy = field(default_factory=SecurityPolicy)
     secrets: Mapping[str, str] = field(default_factory=dict)
     keep_workspace: bool = False
+    judge: Judge | None = None  # llm_as_judge checks, drift/similarity by judge or embedding
 
 
 @dataclass(slots=True)
@@ -59,7 +61,7 @@ class ExecutionOutcome:
     workspace: Path | None = None
 
 
-def _scenario(spec: Spec, name: str) -> Scenario:
+def scenario_named(spec: Spec, name: str) -> Scenario:
     for scenario in spec.scenarios:
         if scenario.name == name:
             return scenario
@@ -76,7 +78,7 @@ def run_execution(
     baseline_output: str | None = None,
     sandbox: Sandbox | None = None,
 ) -> ExecutionOutcome:
-    scenario = _scenario(spec, planned.scenario)
+    scenario = scenario_named(spec, planned.scenario)
     warnings: list[str] = []
     if sandbox is None:
         preferred = (spec.raw.get("sandbox") or {}).get("backend") or config.sandbox_backend
@@ -129,7 +131,7 @@ def run_execution(
                     prompt=planned.prompt,
                     sandbox=sandbox,
                     spec_dir=config.spec_dir,
-                    context={"scenario": scenario.name, "replica": planned.replica},
+                    context=_agent_context(planned, scenario),
                     **run_kwargs,
                 )
                 agent_cpu_ms = result.agent_cpu_ms or 0.0
@@ -170,8 +172,10 @@ def run_execution(
                 run_command=sandbox.command_runner(workspace, env),
                 baseline_output=baseline_output,
                 sandbox_id=execution_key,
+                judge=config.judge,
             )
             results = evaluate(artifact, invariants, context, scenario)
+            warnings.extend(_provider_warnings(results))
             secret_values = [
                 config.secrets[name]
                 for name in spec.raw.get("secrets") or []
@@ -218,14 +222,20 @@ def _world(
                 )
             )
         proxy = None
-        if spec.raw.get("tools"):
+        replay = (planned.replay_session or {}).get("tool_responses")
+        agent = spec.agent
+        python_tools = agent.get("type") == "python" and (
+            agent.get("tools") or agent.get("tool_registry")
+        )
+        # Python agents' tool callables are wrapped through the proxy even with no fault, so
+        # every tool call is in the trace; a replay serves its recorded answers from it.
+        if spec.raw.get("tools") or python_tools or replay is not None:
             service_urls = {
                 name: h.describe().get("url", "") for name, h in services.handles.items()
             }
-            replay = (planned.replay_session or {}).get("tool_responses")
             proxy = stack.enter_context(
                 ToolProxy(
-                    spec.raw["tools"],
+                    spec.raw.get("tools") or [],
                     service_urls=service_urls,
                     tool_faults=scenario.tool_faults,
                     context_attacks=scenario.context_attacks,
@@ -234,6 +244,25 @@ def _world(
                 )
             )
         yield services, gateway, proxy
+
+
+def _agent_context(planned: PlannedExecution, scenario: Scenario) -> dict[str, Any]:
+    """The context a python agent gets beside its prompt; a replayed session's recorded
+    context is part of it (command agents read it from $KEYSTONE_SESSION_CONTEXT)."""
+    context: dict[str, Any] = {"scenario": scenario.name, "replica": planned.replica}
+    if planned.replay_session is not None:
+        context["session_context"] = planned.replay_session.get("context")
+    return context
+
+
+def _provider_warnings(results: list[CheckResult]) -> list[str]:
+    """A judge (or embedding) provider that failed marks the run: its results are errors,
+    not verdicts, and the exit code is 3."""
+    return [
+        f"judge provider error in {r.invariant_id}: {r.failure_code}: {r.message[:300]}"
+        for r in results
+        if r.failure_code in PROVIDER_CODES
+    ]
 
 
 def _tool_call(record: dict[str, Any]) -> ToolCall:
@@ -280,6 +309,8 @@ def _agent_env(
     env["KEYSTONE_WORKSPACE"] = str(workspace)
     env["KEYSTONE_SCENARIO"] = planned.scenario
     env["KEYSTONE_REPLICA"] = str(planned.replica)
+    if planned.replay_session is not None:
+        env["KEYSTONE_SESSION_CONTEXT"] = json.dumps(planned.replay_session.get("context"))
     return env
 
 

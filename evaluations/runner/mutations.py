@@ -17,6 +17,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+# The weights and the score are pure scoring (checks/); re-exported here beside the generators.
+from checks.mutation_scoring import DEFAULT_WEIGHTS, mutation_score
+
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "MUTATION_DESCRIPTIONS",
+    "MUTATION_TYPES",
+    "Mutation",
+    "MutationError",
+    "derive_seed",
+    "generate_mutations",
+    "generate_with_llm",
+    "mutate",
+    "mutation_score",
+    "plan_mutants",
+]
+
 # Flakestorm's 24 mutation types; the spec schema accepts exactly these names.
 MUTATION_TYPES = (
     "paraphrase",
@@ -44,34 +61,6 @@ MUTATION_TYPES = (
     "concurrent_request_pattern",
     "timeout_manipulation",
 )
-
-# Adversarial types weigh more: surviving them says more about the agent (Flakestorm's table).
-DEFAULT_WEIGHTS: dict[str, float] = {
-    "paraphrase": 1.0,
-    "noise": 0.8,
-    "tone_shift": 0.9,
-    "prompt_injection": 1.5,
-    "encoding_attacks": 1.3,
-    "context_manipulation": 1.1,
-    "length_extremes": 1.2,
-    "custom": 1.0,
-    "multi_turn_attack": 1.4,
-    "advanced_jailbreak": 2.0,
-    "semantic_similarity_attack": 1.3,
-    "format_poisoning": 1.6,
-    "language_mixing": 1.2,
-    "token_manipulation": 1.5,
-    "temporal_attack": 1.1,
-    "http_header_injection": 1.7,
-    "payload_size_attack": 1.4,
-    "content_type_confusion": 1.5,
-    "query_parameter_poisoning": 1.6,
-    "request_method_attack": 1.3,
-    "protocol_level_attack": 1.8,
-    "resource_exhaustion": 1.5,
-    "concurrent_request_pattern": 1.4,
-    "timeout_manipulation": 1.3,
-}
 
 MUTATION_DESCRIPTIONS: dict[str, str] = {
     "paraphrase": "rewrite with different words, same meaning",
@@ -159,20 +148,45 @@ def mutate(
     return generator(prompt, rng)
 
 
-def mutation_score(
-    results: list[tuple[str, bool]], weights: dict[str, float] | None = None
-) -> float:
-    """Weighted pass rate in [0, 1] over (mutation_type, passed) results.
+def plan_mutants(
+    config: dict[str, Any] | None,
+    prompts: list[str],
+    *,
+    run_seed: int,
+    ask_model: Callable[[str, str], str] | None = None,
+) -> tuple[list[tuple[int, str, int, str]], list[str]]:
+    """The mutants of a run's golden prompts as `checks.planning.plan_run` takes them
+    ((prompt index, type, mutant number, text)), and warnings for the run.
 
-    `weights` override the defaults per type; unknown types weigh 1.0. With no results (or
-    only zero weights) the score is 1.0: nothing failed, and the caller leaves the pillar out.
+    `mutations.seed` fixes the mutants across runs; without it they follow the run's seed.
+    With `use_llm: true` and `ask_model(prompt, type)`, the model writes each mutant; a
+    mutant it cannot write falls back to the rules, with a warning (never a silent gap).
     """
-    table = {**DEFAULT_WEIGHTS, **(weights or {})}
-    total = sum(table.get(kind, 1.0) for kind, _ in results)
-    if total <= 0:
-        return 1.0
-    passed = sum(table.get(kind, 1.0) for kind, ok in results if ok)
-    return passed / total
+    if not config or not config.get("types"):
+        return [], []
+    types = [str(t) for t in config["types"]]
+    count = int(config.get("count") or 1)
+    seed = int(config["seed"]) if config.get("seed") is not None else run_seed
+    use_llm = bool(config.get("use_llm")) and ask_model is not None
+    mutants: list[tuple[int, str, int, str]] = []
+    fallbacks: list[str] = []
+    for prompt_index, prompt in enumerate(prompts):
+        for mutation in generate_mutations(prompt, types, count=count, seed=seed):
+            number = sum(1 for m in mutants if m[0] == prompt_index and m[1] == mutation.type)
+            text = mutation.prompt
+            if use_llm and ask_model is not None:
+                try:
+                    text = ask_model(prompt, mutation.type)
+                except Exception as exc:  # any model failure: keep the rule's mutant
+                    fallbacks.append(f"{mutation.type}: {type(exc).__name__}: {exc}"[:300])
+            mutants.append((prompt_index, mutation.type, number, text))
+    warnings = []
+    if fallbacks:
+        warnings.append(
+            f"mutations.use_llm: the model could not write {len(fallbacks)} mutant(s); "
+            f"the rules wrote them instead (first: {fallbacks[0]})"
+        )
+    return mutants, warnings
 
 
 def generate_with_llm(

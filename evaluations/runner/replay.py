@@ -8,6 +8,7 @@ instead of calling the tools. The JSON format is documented in docs/replay.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,37 @@ def save_session(session: ReplaySession, path: str | Path) -> Path:
     target = Path(path)
     target.write_text(json.dumps(export_session(session), indent=2, ensure_ascii=False) + "\n")
     return target
+
+
+def plan_sessions(
+    config: dict[str, Any] | None,
+    *,
+    base_dir: str | Path | None,
+    from_execution: Callable[[int], ReplaySession | None],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The spec's `replay.sessions` as plan_run takes them (exported dicts), and warnings.
+
+    `{execution: N}` is looked up with `from_execution` (the caller knows the database). A
+    session that cannot be loaded is left out with a warning naming it, so the run still
+    says what was not replayed instead of failing whole.
+    """
+    sessions: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for index, entry in enumerate((config or {}).get("sessions") or []):
+        where = f"replay.sessions[{index}]"
+        try:
+            if isinstance(entry, dict) and "execution" in entry:
+                session = from_execution(int(entry["execution"]))
+                if session is None:
+                    warnings.append(
+                        f"{where}: execution {entry['execution']} not found in this project "
+                        "(or it kept no artifact); session not replayed"
+                    )
+                    continue
+            else:
+                session = load_session(entry, base_dir=base_dir)
+        except (ReplayFormatError, ValueError, TypeError) as exc:
+            warnings.append(f"{where}: {exc}; session not replayed")
+            continue
+        sessions.append(export_session(session))
+    return sessions, warnings

@@ -27,6 +27,8 @@ SCRIPTED_CREATED = 1_700_000_000
 _TOKEN_RE = re.compile(r"\s*(?:\w+|[^\w\s])")
 _WHEN_KEYS = {
     "last_user_matches",
+    "last_user_contains",  # case-insensitive substring
+    "turn",  # 1-based number of the model call (call_index + 1)
     "last_message_role",
     "last_message_matches",
     "tool_result_matches",
@@ -95,7 +97,8 @@ class ScriptedProvider:
     """Answers chat requests from rules matched on the conversation.
 
     `when` keys: last_user_matches, last_message_matches, tool_result_matches, system_matches
-    (regexes, case-insensitive), last_message_role, call_index (0-based, per provider), model.
+    (regexes, case-insensitive), last_user_contains (substring, case-insensitive),
+    last_message_role, call_index (0-based, per provider), turn (call_index + 1), model.
     A rule with no `when` always matches. A rule that replies with tool calls and does not say
     `last_message_role` only matches when the last message is the user's, so that the usual
     "call a tool, then answer" pair of rules ends instead of calling the tool forever.
@@ -219,6 +222,12 @@ def _rule_matches(rule: _Rule, facts: dict[str, str], call_index: int, model: st
             return False
     when = rule.when
     if "last_message_role" in when and facts["last_role"] != str(when["last_message_role"]):
+        return False
+    if "last_user_contains" in when and (
+        str(when["last_user_contains"]).casefold() not in facts["last_user"].casefold()
+    ):
+        return False
+    if "turn" in when and int(when["turn"]) != call_index + 1:
         return False
     if "call_index" in when and int(when["call_index"]) != call_index:
         return False
@@ -589,7 +598,9 @@ class LoopbackHTTPServer:
         self._server = _Server(handler)
         # A short poll interval keeps close() quick: one gateway is opened and closed per execution.
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.01},
+            daemon=True,
         )
         self._started = False
 

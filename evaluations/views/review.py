@@ -1,23 +1,371 @@
-"""Placeholder: this area of the dashboard is being built (replace every view here)."""
+"""The review queue: people grade the judge's results, by keyboard, one item after another.
+
+- queue: the list with filters (spec, run, criteria) and counts; POST = "Start reviewing"
+  (claims the next item for the reviewer).
+- item: one item. GET only shows it; POST grades it (then the next item is claimed and,
+  for htmx, swapped in; without JavaScript, a redirect to it), or claims, skips or
+  adjudicates it.
+- agreement: judge-human agreement per judge model, criteria and prompt version.
+- send_to_review: POST from the execution page.
+
+Viewers see the queue, items (read-only) and agreement; grading needs the reviewer role,
+adjudication the admin role. Non-members get a 404 (evaluations.access.project_for).
+"""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
-from django.http import Http404, HttpRequest, HttpResponse
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_http_methods, require_POST
+
+from evaluations import charts, selectors, services
+from evaluations.access import ProjectAccess, project_for
+from evaluations.models import CheckResult, ReviewItem, ReviewStatus, ReviewVerdict, Role, Spec
+from evaluations.selectors import ReviewFilters
+
+ITEM_TEMPLATE = "review/item.html"
+QUEUE_STATUSES = (ReviewStatus.OPEN, ReviewStatus.ADJUDICATION, ReviewStatus.COMPLETE)
 
 
-def queue(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    raise Http404("not built yet")
+def _htmx(request: HttpRequest) -> bool:
+    return bool(getattr(request, "htmx", False))
 
 
-def item(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    raise Http404("not built yet")
+def _query(filters: ReviewFilters, **extra: Any) -> str:
+    values = {**filters.as_dict(), **{k: str(v) for k, v in extra.items() if v}}
+    return f"?{urlencode(values)}" if values else ""
 
 
-def agreement(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    raise Http404("not built yet")
+def _queue_url(access: ProjectAccess, filters: ReviewFilters) -> str:
+    return reverse("review_queue", args=[access.project.slug]) + _query(filters)
 
 
-def send_to_review(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    raise Http404("not built yet")
+def _item_url(access: ProjectAccess, item_id: int, filters: ReviewFilters, **extra: Any) -> str:
+    return reverse("review_item", args=[access.project.slug, item_id]) + _query(filters, **extra)
+
+
+# --- The queue ------------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def queue(request: HttpRequest, project_slug: str) -> HttpResponse:
+    if request.method == "POST":
+        return _start_reviewing(request, project_slug)
+    access = project_for(request, project_slug)
+    filters = ReviewFilters.from_query(request.GET)
+    status = request.GET.get("status") or ReviewStatus.OPEN
+    if status not in QUEUE_STATUSES:
+        status = ReviewStatus.OPEN
+    context = {
+        "access": access,
+        "filters": filters,
+        "filter_query": _query(filters),
+        "status": status,
+        "statuses": [(s.value, s.label) for s in QUEUE_STATUSES],
+        "counts": selectors.review_counts(access.project, filters),
+        "items": selectors.review_queue_items(access.project, filters, status=status),
+        "choices": selectors.review_filter_choices(access.project),
+    }
+    template = "review/queue.html#queue-region" if _htmx(request) else "review/queue.html"
+    return render(request, template, context)
+
+
+def _start_reviewing(request: HttpRequest, project_slug: str) -> HttpResponse:
+    access = project_for(request, project_slug, Role.REVIEWER)
+    filters = ReviewFilters.from_query(request.POST)
+    item = services.review_next(project=access.project, user=request.user, filters=filters)
+    if item is None:
+        messages.info(request, "Nothing left for you to grade with these filters.")
+        return redirect(_queue_url(access, filters))
+    return redirect(_item_url(access, item.pk, filters))
+
+
+# --- One item ---------------------------------------------------------------------------------
+
+
+def _item_or_404(access: ProjectAccess, item_id: int) -> ReviewItem:
+    return get_object_or_404(
+        ReviewItem.objects.select_related(
+            "run__spec_version",
+            "spec",
+            "execution",
+            "check_result",
+            "claimed_by",
+            "adjudicated_by",
+        ),
+        project=access.project,
+        pk=item_id,
+    )
+
+
+def _reveal(access: ProjectAccess, user: Any, item_id: Any) -> dict[str, Any] | None:
+    """The item just graded, judge included, once the reviewer has answered (blind mode
+    hides the judge until then)."""
+    if not str(item_id or "").isdigit():
+        return None
+    verdict = (
+        ReviewVerdict.objects.select_related("item__check_result")
+        .filter(item_id=int(item_id), item__project=access.project, reviewer=user)
+        .first()
+    )
+    if verdict is None:
+        return None
+    return {
+        "item": verdict.item,
+        "verdict": verdict,
+        "judge": selectors.judge_view(verdict.item.check_result),
+    }
+
+
+def _item_context(
+    request: HttpRequest,
+    access: ProjectAccess,
+    item: ReviewItem | None,
+    filters: ReviewFilters,
+    *,
+    previous: dict[str, Any] | None = None,
+    error: str = "",
+    form: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    context: dict[str, Any] = {
+        "access": access,
+        "item": item,
+        "filters": filters,
+        "filter_query": _query(filters),
+        "previous": previous,
+        "error": error,
+        "form": form or {},
+    }
+    if item is None:
+        return context
+    user = request.user
+    my_verdict = next((v for v in item.verdicts.all() if v.reviewer_id == user.pk), None)
+    is_open = item.status == ReviewStatus.OPEN
+    held_by_me = is_open and item.claim_is_live() and item.claimed_by_id == user.pk
+    context.update(
+        {
+            "view": selectors.review_item_view(item),
+            "my_verdict": my_verdict,
+            # Blind review: the judge's side appears once this person has answered, or
+            # when nobody grades the item any more.
+            "show_judge": not item.blind or my_verdict is not None or not is_open,
+            "can_grade": access.can_review and held_by_me and my_verdict is None,
+            "can_claim": (
+                access.can_review
+                and is_open
+                and my_verdict is None
+                and not item.claimed_by_other(user)
+            ),
+            "held_by_other": is_open and item.claimed_by_other(user),
+            "can_adjudicate": access.is_admin and item.status == ReviewStatus.ADJUDICATION,
+            # Other people's grades stay hidden while the item is open, so that each
+            # reviewer grades independently.
+            "show_verdicts": not is_open,
+        }
+    )
+    return context
+
+
+def _render_item(
+    request: HttpRequest, context: dict[str, Any], *, status: int = 200
+) -> HttpResponse:
+    # htmx swaps only 2xx answers, so a region that shows an error is sent as 200.
+    template = f"{ITEM_TEMPLATE}#item" if _htmx(request) else ITEM_TEMPLATE
+    return render(request, template, context, status=200 if _htmx(request) else status)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def item(request: HttpRequest, project_slug: str, item_id: int) -> HttpResponse:
+    if request.method == "POST":
+        return _item_post(request, project_slug, item_id)
+    access = project_for(request, project_slug)
+    review_item = _item_or_404(access, item_id)
+    filters = ReviewFilters.from_query(request.GET)
+    previous = _reveal(access, request.user, request.GET.get("previous"))
+    return _render_item(
+        request, _item_context(request, access, review_item, filters, previous=previous)
+    )
+
+
+def _grade_form(request: HttpRequest) -> dict[str, str]:
+    return {
+        "verdict": request.POST.get("verdict", ""),
+        "score": request.POST.get("score", "").strip(),
+        "note": request.POST.get("note", ""),
+    }
+
+
+def _passed(value: str) -> bool | None:
+    return {"pass": True, "fail": False}.get(value)
+
+
+def _item_post(request: HttpRequest, project_slug: str, item_id: int) -> HttpResponse:
+    action = request.POST.get("action", "grade")
+    minimum = Role.ADMIN if action == "adjudicate" else Role.REVIEWER
+    access = project_for(request, project_slug, minimum)
+    review_item = _item_or_404(access, item_id)
+    filters = ReviewFilters.from_query(request.POST)
+    user = request.user
+    form = _grade_form(request)
+    try:
+        if action == "claim":
+            services.review_claim(item_id=review_item.pk, user=user)
+            return redirect(_item_url(access, review_item.pk, filters))
+        if action == "skip":
+            services.review_release(item_id=review_item.pk, user=user)
+            return _next_item(request, access, filters, exclude=(review_item.pk,))
+        if action == "adjudicate":
+            services.review_adjudicate(
+                item_id=review_item.pk,
+                user=user,
+                passed=_passed(form["verdict"]),
+                score=form["score"] or None,
+                note=form["note"],
+            )
+            messages.success(request, f"Item {review_item.pk} adjudicated; the run was rescored.")
+            return redirect(_item_url(access, review_item.pk, filters))
+        services.review_submit(
+            item_id=review_item.pk,
+            user=user,
+            passed=_passed(form["verdict"]),
+            score=form["score"] or None,
+            note=form["note"],
+        )
+    except services.ReviewInputError as exc:
+        context = _item_context(request, access, review_item, filters, error=str(exc), form=form)
+        return _render_item(request, context, status=400)
+    except services.ReviewClaimError as exc:
+        review_item = _item_or_404(access, item_id)
+        context = _item_context(request, access, review_item, filters, error=str(exc), form=form)
+        return _render_item(request, context, status=409)
+    return _next_item(request, access, filters, previous_id=review_item.pk)
+
+
+def _next_item(
+    request: HttpRequest,
+    access: ProjectAccess,
+    filters: ReviewFilters,
+    *,
+    previous_id: int | None = None,
+    exclude: tuple[int, ...] = (),
+) -> HttpResponse:
+    """Claim the reviewer's next item: swapped in for htmx (with the address bar
+    following), a redirect otherwise."""
+    following = services.review_next(
+        project=access.project, user=request.user, filters=filters, exclude=exclude
+    )
+    if following is None:
+        url = _queue_url(access, filters)
+    else:
+        url = _item_url(access, following.pk, filters, previous=previous_id)
+    if not _htmx(request):
+        if following is None:
+            messages.info(request, "Nothing left for you to grade with these filters.")
+        return redirect(url)
+    next_item = _item_or_404(access, following.pk) if following is not None else None
+    previous = _reveal(access, request.user, previous_id)
+    response = _render_item(
+        request, _item_context(request, access, next_item, filters, previous=previous)
+    )
+    response["HX-Push-Url"] = url
+    return response
+
+
+# --- Agreement -------------------------------------------------------------------------------
+
+
+def _group_label(row: selectors.AgreementRow) -> str:
+    criteria = row.criteria if len(row.criteria) <= 40 else row.criteria[:39] + "…"
+    version = row.prompt_version[:8] or "no version"
+    return f"{row.judge_model} · {criteria} · {version}"
+
+
+@login_required
+def agreement(request: HttpRequest, project_slug: str) -> HttpResponse:
+    access = project_for(request, project_slug)
+    spec_slug = request.GET.get("spec", "").strip()
+    spec = get_object_or_404(Spec, project=access.project, slug=spec_slug) if spec_slug else None
+    rows = selectors.review_agreement(access.project, spec=spec)
+    kappa_series = [
+        charts.Series(
+            name=_group_label(row),
+            x=[point.day for point in row.trend],
+            y=[point.cumulative.kappa for point in row.trend],
+            hover=[f"n = {point.cumulative.n}" for point in row.trend],
+        )
+        for row in rows
+    ]
+    agreement_series = [
+        charts.Series(
+            name=_group_label(row),
+            x=[point.day for point in row.trend],
+            y=[point.cumulative.percent for point in row.trend],
+            hover=[f"n = {point.cumulative.n}" for point in row.trend],
+        )
+        for row in rows
+    ]
+    context = {
+        "access": access,
+        "rows": rows,
+        "spec_slug": spec_slug,
+        "specs": list(
+            Spec.objects.filter(project=access.project)
+            .order_by("slug")
+            .values_list("slug", flat=True)
+        ),
+        "charts": [
+            charts.Chart(
+                id="kappa-trend",
+                title="Cohen's kappa over time (cumulative)",
+                figure=charts.line_chart(
+                    kappa_series, y_title="Cohen's kappa", y_range=(-1.02, 1.02), y_format=".2f"
+                ),
+            ),
+            charts.Chart(
+                id="agreement-trend",
+                title="Agreement on pass/fail over time (cumulative)",
+                figure=charts.line_chart(
+                    agreement_series, y_title="Agreement", y_range=(0, 1.02), y_format=".0%"
+                ),
+            ),
+        ],
+    }
+    return render(request, "review/agreement.html", context)
+
+
+# --- Send a result to the queue ----------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def send_to_review(request: HttpRequest, project_slug: str, result_id: int) -> HttpResponse:
+    access = project_for(request, project_slug, Role.REVIEWER)
+    result = get_object_or_404(CheckResult, pk=result_id, run__project=access.project)
+    review_item = services.review_send(result_id=result.pk, user=request.user)
+    item_url = reverse("review_item", args=[access.project.slug, review_item.pk])
+    if _htmx(request):
+        return render(
+            request,
+            "review/sent.html",
+            {"access": access, "review_item": review_item, "item_url": item_url},
+        )
+    messages.success(
+        request, f"{result.invariant_id} sent to the review queue (item {review_item.pk})."
+    )
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return redirect(target)
+    return redirect(
+        "execution_detail", project_slug=access.project.slug, execution_id=result.execution_id
+    )

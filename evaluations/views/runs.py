@@ -1,31 +1,358 @@
-"""Placeholder: this area of the dashboard is being built (replace every view here)."""
+"""Runs: the list (filters, keyset pages), a run's page (live progress, scores, gates, the
+invariant x scenario heatmap, replica groups), one heatmap cell, the cancel and
+re-run-failed actions, and the exports (JSON, JUnit, Markdown, CSV of check results)."""
 
 from __future__ import annotations
 
+import csv
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
 from typing import Any
 
-from django.http import Http404, HttpRequest, HttpResponse
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    StreamingHttpResponse,
+)
+from django.http.response import HttpResponseBase
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseStopPolling
+
+from checks import reporters
+from evaluations import selectors, services
+from evaluations.access import ProjectAccess, project_for
+from evaluations.models import Role, Run, RunStatus
+
+GROUPS_SHOWN = 300  # replica groups drawn on the run page; the exports have them all
 
 
-def run_list(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    raise Http404("not built yet")
+def _htmx(request: HttpRequest) -> bool:
+    return bool(request.htmx)  # type: ignore[attr-defined]
 
 
-def run_detail(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    raise Http404("not built yet")
+# --- List ---------------------------------------------------------------------------------
 
 
-def run_cell(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    raise Http404("not built yet")
+class RunFilterForm(forms.Form):
+    spec = forms.SlugField(required=False)
+    status = forms.ChoiceField(required=False, choices=[("", "any"), *RunStatus.choices])
+    label = forms.CharField(required=False, max_length=500)
+    branch = forms.CharField(required=False, max_length=255)
+    created_from = forms.DateField(required=False)
+    created_to = forms.DateField(required=False)
+    after = forms.CharField(required=False, max_length=200)
+
+    def clean_label(self) -> tuple[str, str] | None:
+        text = self.cleaned_data["label"].strip()
+        if not text:
+            return None
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise forms.ValidationError(f"expected key=value, got {text!r}")
+        return key.strip(), value.strip()
+
+    def clean_after(self) -> selectors.RunCursor | None:
+        token = self.cleaned_data["after"].strip()
+        if not token:
+            return None
+        try:
+            return selectors.RunCursor.decode(token)
+        except ValueError as exc:
+            raise forms.ValidationError(f"{exc}; start again from the first page") from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        start, end = data.get("created_from"), data.get("created_to")
+        if start and end and start > end:
+            self.add_error("created_to", f"{end} is before the start date {start}")
+        return data
+
+    def filters(self) -> selectors.RunFilters:
+        data = self.cleaned_data
+        return selectors.RunFilters(
+            spec=data["spec"],
+            status=data["status"],
+            label=data["label"],
+            branch=data["branch"].strip(),
+            created_from=_day_start(data["created_from"]),
+            # The end date is inclusive: runs before the next day's midnight.
+            created_before=_day_start(data["created_to"], days_later=1),
+        )
 
 
-def run_cancel(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    raise Http404("not built yet")
+def _day_start(day: date | None, *, days_later: int = 0) -> datetime | None:
+    if day is None:
+        return None
+    start = datetime.combine(day + timedelta(days=days_later), time.min)
+    return timezone.make_aware(start)
 
 
-def run_rerun_failed(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    raise Http404("not built yet")
+@login_required
+@require_GET
+def run_list(request: HttpRequest, project_slug: str) -> HttpResponse:
+    """Runs newest first, filtered, one keyset page at a time; the "next" link carries the
+    (created, id) cursor of the page's last row. htmx requests get the table region."""
+    access = project_for(request, project_slug)
+    form = RunFilterForm(request.GET)
+    page: selectors.RunPage | None = None
+    next_query = ""
+    if form.is_valid():
+        page = selectors.run_page(access.project, form.filters(), after=form.cleaned_data["after"])
+        if page.next_cursor is not None:
+            query = request.GET.copy()
+            query["after"] = page.next_cursor.encode()
+            next_query = query.urlencode()
+    first_query = request.GET.copy()
+    first_query.pop("after", None)
+    context = {
+        "access": access,
+        "form": form,
+        "page": page,
+        "runs": page.runs if page else [],
+        "next_query": next_query,
+        "next_url": f"{request.path}?{next_query}" if next_query else "",
+        "first_query": first_query.urlencode(),
+        "paged": bool(request.GET.get("after")),
+        "spec_slugs": selectors.project_spec_slugs(access.project),
+        "statuses": RunStatus.choices,
+    }
+    # htmx swaps only 2xx answers: an invalid filter is shown in the fragment, as a 200.
+    status = 200 if form.is_valid() or _htmx(request) else 400
+    template = "runs/run_list.html#run-table" if _htmx(request) else "runs/run_list.html"
+    return render(request, template, context, status=status)
 
 
-def run_export(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-    raise Http404("not built yet")
+# --- Detail -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heatmap:
+    scenarios: list[str]
+    rows: list[tuple[str, list[dict[str, Any] | None]]]  # invariant, cells by scenario
+
+
+def _heatmap(matrix: list[dict[str, Any]] | None) -> Heatmap | None:
+    """The summary's matrix cells as invariant rows x scenario columns, in spec order."""
+    if not matrix:
+        return None
+    scenarios: list[str] = []
+    invariants: list[str] = []
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for cell in matrix:
+        scenario, invariant = str(cell["scenario"]), str(cell["invariant_id"])
+        if scenario not in scenarios:
+            scenarios.append(scenario)
+        if invariant not in invariants:
+            invariants.append(invariant)
+        total = int(cell.get("results_total") or 0)
+        passed = int(cell.get("results_passed") or 0)
+        # Shade: a failing cell where some results passed is "mixed", not plain "fail".
+        shade = cell["status"]
+        if shade == "fail" and passed:
+            shade = "mixed"
+        cells[(invariant, scenario)] = {
+            **cell,
+            "shade": shade,
+            "passed_count": passed,
+            "total": total,
+        }
+    rows = [(inv, [cells.get((inv, scenario)) for scenario in scenarios]) for inv in invariants]
+    return Heatmap(scenarios=scenarios, rows=rows)
+
+
+def _groups(run: Run, groups: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], int]:
+    """The first GROUPS_SHOWN groups with their replicas' verdicts (one query), and how many
+    more the run has."""
+    groups = groups or []
+    shown = groups[:GROUPS_SHOWN]
+    ids = [int(i) for g in shown for i in g.get("execution_ids") or [] if str(i).isdigit()]
+    executions = selectors.executions_by_id(run.pk, ids)
+    rows = []
+    for group in shown:
+        replicas = [
+            executions[int(i)]
+            for i in group.get("execution_ids") or []
+            if str(i).isdigit() and int(i) in executions
+        ]
+        rows.append({**group, "replicas": replicas})
+    return rows, max(0, len(groups) - len(shown))
+
+
+def _run_context(access: ProjectAccess, run: Run, summary: dict[str, Any]) -> dict[str, Any]:
+    terminal = run.is_terminal
+    groups, hidden_groups = _groups(run, summary.get("groups")) if terminal else ([], 0)
+    failed_groups = [g for g in summary.get("groups") or [] if not g.get("passed")]
+    rerun_of = str(run.labels.get("rerun_of", ""))
+    return {
+        "access": access,
+        "run": run,
+        "summary": summary,
+        "terminal": terminal,
+        "counts": None if terminal else selectors.run_execution_counts(run.pk),
+        "heatmap": _heatmap(summary.get("matrix")) if terminal else None,
+        "groups": groups,
+        "hidden_groups": hidden_groups,
+        "failed_group_count": len(failed_groups),
+        "can_rerun": run.status == RunStatus.COMPLETED and bool(failed_groups),
+        "progress_percent": (
+            round(100 * run.executions_done / run.execution_count) if run.execution_count else 0
+        ),
+        # A label anyone can set (--label rerun_of=...): linked only when it is a run id.
+        "rerun_of": rerun_of if rerun_of.isdigit() else "",
+    }
+
+
+@login_required
+@require_GET
+def run_detail(request: HttpRequest, project_slug: str, run_id: int) -> HttpResponse:
+    """The run page. Its live region polls this URL every 2 s (htmx) while the run goes on;
+    once the run has ended the answer is status 286 with the final region, which stops the
+    polling."""
+    access = project_for(request, project_slug)
+    found = selectors.run_for_page(access.project, run_id)
+    if found is None:
+        raise Http404("No such run in this project.")
+    run, summary = found
+    context = _run_context(access, run, summary)
+    if _htmx(request):
+        content = render_to_string("runs/run_detail.html#live", context, request=request)
+        if run.is_terminal:
+            return HttpResponseStopPolling(content)
+        return HttpResponse(content)
+    return render(request, "runs/run_detail.html", context)
+
+
+@login_required
+@require_GET
+def run_cell(request: HttpRequest, project_slug: str, run_id: int) -> HttpResponse:
+    """The executions of one invariant x scenario cell with their result for that invariant:
+    a page, or the fragment the heatmap loads under itself."""
+    access = project_for(request, project_slug)
+    run = selectors.run_in_project(access.project, run_id)
+    if run is None:
+        raise Http404("No such run in this project.")
+    scenario = request.GET.get("scenario", "")
+    invariant = request.GET.get("invariant", "")
+    missing = [
+        name for name, value in (("scenario", scenario), ("invariant", invariant)) if not value
+    ]
+    if missing:
+        return HttpResponseBadRequest(
+            f"run_cell: the query parameter {' and '.join(missing)} is required "
+            "(?scenario=NAME&invariant=ID)",
+            content_type="text/plain",
+        )
+    after_text = request.GET.get("after", "0") or "0"
+    if not after_text.isdigit():
+        return HttpResponseBadRequest(
+            f"run_cell: after={after_text!r} is not an execution id", content_type="text/plain"
+        )
+    rows, next_after = selectors.run_cell_rows(
+        run, scenario=scenario, invariant=invariant, after=int(after_text)
+    )
+    context = {
+        "access": access,
+        "run": run,
+        "scenario": scenario,
+        "invariant": invariant,
+        "rows": rows,
+        "next_after": next_after,
+        "paged": after_text != "0",
+    }
+    template = "runs/run_cell.html#cell" if _htmx(request) else "runs/run_cell.html"
+    return render(request, template, context)
+
+
+# --- Actions ------------------------------------------------------------------------------
+
+
+def _run_for_action(request: HttpRequest, project_slug: str, run_id: int) -> Run:
+    access = project_for(request, project_slug, Role.EDITOR)
+    run = selectors.run_in_project(access.project, run_id)
+    if run is None:
+        raise Http404("No such run in this project.")
+    return run
+
+
+@login_required
+@require_POST
+def run_cancel(request: HttpRequest, project_slug: str, run_id: int) -> HttpResponse:
+    run = _run_for_action(request, project_slug, run_id)
+    if run.is_terminal:
+        messages.info(request, f"Run {run.pk} had already ended ({run.status}).")
+    else:
+        services.run_cancel(run_id=run.pk)
+        messages.success(request, f"Run {run.pk} cancelled: nothing more of it will start.")
+    return redirect("run_detail", project_slug=project_slug, run_id=run.pk)
+
+
+@login_required
+@require_POST
+def run_rerun_failed(request: HttpRequest, project_slug: str, run_id: int) -> HttpResponse:
+    run = _run_for_action(request, project_slug, run_id)
+    try:
+        new_run = services.run_rerun_failed(run_id=run.pk, created_by=request.user)
+    except ValueError as exc:
+        messages.error(request, f"Nothing re-run: {exc}.")
+        return redirect("run_detail", project_slug=project_slug, run_id=run.pk)
+    groups = len(new_run.options.get("only") or [])
+    messages.success(
+        request, f"Run {new_run.pk} re-runs the {groups} failed group(s) of run {run.pk}."
+    )
+    return redirect("run_detail", project_slug=project_slug, run_id=new_run.pk)
+
+
+# --- Exports ------------------------------------------------------------------------------
+
+REPORT_FORMATS = {
+    # fmt in the URL: (renderer, content type, file name suffix)
+    "json": (reporters.render_json, "application/json", ".json"),
+    "junit": (reporters.render_junit, "application/xml", "-junit.xml"),
+    "md": (reporters.render_markdown, "text/markdown; charset=utf-8", ".md"),
+}
+
+
+class _Echo:
+    """A file-like object whose write returns the line, so csv.writer can feed a stream."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+def _csv_lines(run_id: int) -> Iterator[str]:
+    writer = csv.writer(_Echo())
+    yield writer.writerow(selectors.RESULT_CSV_COLUMNS)
+    for row in selectors.run_result_rows(run_id):
+        yield writer.writerow(row)
+
+
+@login_required
+@require_GET
+def run_export(request: HttpRequest, project_slug: str, run_id: int, fmt: str) -> HttpResponseBase:
+    """The run's reports as the CLI writes them (checks.reporters, from the stored results),
+    or every check result as CSV, streamed row by row."""
+    access = project_for(request, project_slug)
+    if fmt not in REPORT_FORMATS and fmt != "csv":
+        raise Http404(f"Unknown export format {fmt!r}: json, junit, md or csv.")
+    run = selectors.run_in_project(access.project, run_id)
+    if run is None:
+        raise Http404("No such run in this project.")
+    stem = f"{run.spec.slug}-run-{run.pk}"
+    response: HttpResponse | StreamingHttpResponse
+    if fmt == "csv":
+        response = StreamingHttpResponse(_csv_lines(run.pk), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="{stem}-results.csv"'
+        return response
+    render_report, content_type, suffix = REPORT_FORMATS[fmt]
+    response = HttpResponse(render_report(selectors.run_report(run)), content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{stem}{suffix}"'
+    return response

@@ -496,12 +496,36 @@ def test_pillar_scores_from_a_run() -> None:
     ]
     summary = score_run(spec, records)
     # contract = resilience: 1 of 2 medium cells = 0.5; chaos: the one faulted group failed;
-    # mutation 1 of 2 groups; replay did not run.
-    assert summary.pillar_scores == {"contract": 0.5, "chaos": 0.0, "mutation": 0.5, "replay": None}
-    # (0.35 x 0.5 + 0.35 x 0 + 0.2 x 0.5) / 0.9
-    assert summary.overall == pytest.approx(0.275 / 0.9)
+    # mutation: weighted by type (paraphrase 1.0 passed, noise 0.8 failed) = 1.0 / 1.8;
+    # replay did not run.
+    mutation = 1.0 / (1.0 + 0.8)
+    assert summary.pillar_scores == {
+        "contract": 0.5,
+        "chaos": 0.0,
+        "mutation": pytest.approx(mutation),
+        "replay": None,
+    }
+    # (0.35 x 0.5 + 0.35 x 0 + 0.2 x 0.5556) / 0.9
+    assert summary.overall == pytest.approx((0.35 * 0.5 + 0.2 * mutation) / 0.9)
     # mutations do not count in the scenario x prompt pass rate
     assert summary.pass_rate == 0.5
+
+
+def test_mutation_pillar_takes_the_spec_weights_over_the_defaults() -> None:
+    spec = make_spec(mutations={"types": ["noise", "prompt_injection"], "weights": {"noise": 3.0}})
+    records = [
+        record("no-chaos", [result("says_refund", True)]),
+        record("no-chaos", [result("says_refund", True)], pillar="mutation", mutation_type="noise"),
+        record(
+            "no-chaos",
+            [result("says_refund", False)],
+            pillar="mutation",
+            mutation_type="prompt_injection",
+            replica=1,
+        ),
+    ]
+    # noise 3.0 (the spec's) passed, prompt_injection 1.5 (the default) failed: 3 / 4.5
+    assert score_run(spec, records).pillar_scores["mutation"] == pytest.approx(3.0 / 4.5)
 
 
 # ---------------------------------------------------------------- gates (doc 004)

@@ -143,7 +143,12 @@ def test_proxy_forwards_method_subpath_query_headers_and_body_and_relays_the_ans
 def test_env_names_each_tool_and_service_tools_reach_their_service(upstream: Upstream) -> None:
     tools = [{"name": "mailer", "service": "smtp"}, {"name": "orders", "url": upstream.url}]
     with make_proxy(upstream, tools=tools, service_urls={"smtp": upstream.url}) as proxy:
-        assert set(proxy.env) == {"KEYSTONE_TOOL_MAILER_URL", "KEYSTONE_TOOL_ORDERS_URL"}
+        assert set(proxy.env) == {
+            "KEYSTONE_TOOL_MAILER_URL",
+            "KEYSTONE_TOOL_ORDERS_URL",
+            "KEYSTONE_PROXY_URL",  # python agents' wrapped tool callables ask the proxy here
+        }
+        assert proxy.env["KEYSTONE_PROXY_URL"] == proxy.base_url
         assert proxy.env[tool_env_name("mailer")].endswith("/tools/mailer")
         status, _, _ = call(proxy.env["KEYSTONE_TOOL_MAILER_URL"] + "/send")
     assert status == 200

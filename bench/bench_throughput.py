@@ -1,0 +1,190 @@
+"""Throughput of a run on real Celery workers: executions per second, end to end.
+
+A 1,000-execution run (10 prompts x 100 replicas) of a trivial command agent (`echo ok`)
+with one deterministic invariant, on two `celery worker` processes (prefork, --concurrency
+each) over Redis and PostgreSQL. The clock starts when run_plan is sent to the broker and
+stops when the run is finalised; every execution is claimed, run in the local sandbox,
+checked, stored (results and artifacts) and counted, exactly as in production.
+
+    /work/venv/bin/python bench/bench_throughput.py [--executions 1000] [--concurrency 2]
+        [--database-url postgresql://postgres@127.0.0.1:5432/keystone_bench_throughput]
+        [--broker-url redis://127.0.0.1:6379/3]
+
+The database is dropped and created afresh (its name must contain "bench"); the Redis
+database is flushed. Target: at least 30 executions/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_PER_SECOND = 30.0
+SPEC = """\
+version: 1
+id: bench-throughput
+task:
+  prompts: [p0, p1, p2, p3, p4, p5, p6, p7, p8, p9]
+agent: {{type: command, command: "echo ok", timeout: 30}}
+sandbox: {{backend: local}}
+invariants:
+  says_ok: {{description: "says ok", check: {{type: contains, value: ok}}}}
+replicas: {replicas}
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--executions", type=int, default=1000, help="a multiple of 10")
+    parser.add_argument("--concurrency", type=int, default=2, help="per worker process")
+    parser.add_argument(
+        "--database-url",
+        default="postgresql://postgres@127.0.0.1:5432/keystone_bench_throughput",
+    )
+    parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/3")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args()
+    if "bench" not in urlsplit(args.database_url).path:
+        parser.error("the database name must contain 'bench': it is dropped and re-created")
+
+    _fresh_database(args.database_url)
+    import redis
+
+    broker = redis.Redis.from_url(args.broker_url)
+    broker.flushdb()
+    home = Path(tempfile.mkdtemp(prefix="keystone-bench-"))
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+        "DATABASE_URL": args.database_url,
+        "CELERY_BROKER_URL": args.broker_url,
+        "KEYSTONE_HOME": str(home),
+        "DEBUG": "true",
+        "LOG_LEVEL": "WARNING",
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True
+    )
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "CELERY_BROKER_URL", "KEYSTONE_HOME")})
+    os.environ["DJANGO_SETTINGS_MODULE"] = "keystone_web.settings"
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from evaluations import services
+    from evaluations.models import Execution, Run, RunStatus, Trigger
+
+    workers = [_start_worker(name, args.concurrency, env, home) for name in ("one", "two")]
+    try:
+        _wait_ready(workers)
+        version = services.spec_version_create(
+            project=services.project_default(),
+            source_yaml=SPEC.format(replicas=args.executions // 10),
+        )
+        started = time.perf_counter()
+        run = services.run_create(spec_version=version, trigger=Trigger.API, enqueue=True)
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            status = Run.objects.values_list("status", flat=True).get(pk=run.pk)
+            if status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
+                break
+            time.sleep(0.1)
+        elapsed = time.perf_counter() - started
+        run.refresh_from_db()
+        done = Execution.objects.filter(run=run, passed=True).count()
+        by_worker = {
+            name: Execution.objects.filter(run=run, claimed_by__startswith=f"{name}@").count()
+            for name in ("one", "two")
+        }
+    finally:
+        for worker, _ in workers:
+            os.killpg(worker.pid, signal.SIGTERM)
+        for worker, _ in workers:
+            worker.wait(timeout=60)
+        broker.flushdb()
+    rate = run.execution_count / elapsed if elapsed else 0.0
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    print(
+        f"run {run.pk}: {run.status}, {run.execution_count} executions "
+        f"({done} passed; worker one {by_worker['one']}, worker two {by_worker['two']}) "
+        f"in {elapsed:.1f} s"
+    )
+    print(
+        f"throughput: {rate:.1f} executions/s on 2 workers x concurrency {args.concurrency} "
+        f"(target >= {TARGET_PER_SECOND:.0f}) {'OK' if rate >= TARGET_PER_SECOND else 'BELOW TARGET'}"
+    )
+    print(f"machine: {os.cpu_count()} CPU(s); worker logs in {home}")
+    return 0 if run.status == RunStatus.COMPLETED and done == run.execution_count else 1
+
+
+def _fresh_database(url: str) -> None:
+    import psycopg
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{name}"')
+
+
+def _start_worker(
+    name: str, concurrency: int, env: dict[str, str], home: Path
+) -> tuple[subprocess.Popen[bytes], Path]:
+    log = home / f"worker-{name}.log"
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "keystone_web",
+        "worker",
+        "--pool",
+        "prefork",
+        "--concurrency",
+        str(concurrency),
+        "--hostname",
+        f"{name}@%h",
+        "--loglevel",
+        "WARNING",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
+    with log.open("wb") as handle:
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process, log
+
+
+def _wait_ready(workers: list[tuple[subprocess.Popen[bytes], Path]], timeout: float = 60) -> None:
+    """Ready when each worker answers a ping over the broker."""
+    from keystone_web.celery import app
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process, log in workers:
+            if process.poll() is not None:
+                raise SystemExit(f"a worker exited early:\n{log.read_text(errors='replace')}")
+        replies = app.control.ping(timeout=1.0) or []
+        if len(replies) >= len(workers):
+            return
+    raise SystemExit("workers not ready in time")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

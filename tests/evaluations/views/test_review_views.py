@@ -1,0 +1,401 @@
+"""The review pages: queue, item (grading with and without htmx), agreement, send to review,
+for every role. Rows come from the real services on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from evaluations import services
+from evaluations.models import (
+    CheckResult,
+    Project,
+    ReviewItem,
+    ReviewStatus,
+    ReviewVerdict,
+    Run,
+)
+from tests.evaluations.review_world import add_check, add_execution, add_judge, make_run
+
+pytestmark = pytest.mark.django_db
+
+REASONING = "Polite, and it confirms refund 1042."
+
+
+def url(name: str, *args: Any, query: str = "") -> str:
+    return reverse(name, args=["mine", *args]) + query
+
+
+def make_world(
+    project: Project, *, blind: bool = False, scores: tuple[float, ...] = (0.3, 0.9, 0.65)
+) -> Run:
+    """A completed run of `project` whose judge results are all queued."""
+    run = make_run(project, review={"all": True, "blind": blind})
+    for index, score in enumerate(scores):
+        execution = add_execution(run, index)
+        add_judge(execution, score=score, reasoning=f"{REASONING} ({index})")
+        add_check(execution, passed=True)
+    return services.run_finalize(run_id=run.pk)
+
+
+@pytest.fixture
+def world(two_projects: Any) -> Run:
+    return make_world(two_projects.mine)
+
+
+def items(run: Run) -> list[ReviewItem]:
+    return list(ReviewItem.objects.filter(run=run).order_by("id"))
+
+
+def login(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+# --- Roles ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("role", "status"),
+    [("viewer", 200), ("reviewer", 200), ("editor", 200), ("admin", 200), ("outsider", 404)],
+)
+def test_queue_item_and_agreement_pages_by_role(
+    world: Run, client_as: Callable[..., Client], role: str, status: int
+) -> None:
+    client = client_as(role)
+    item = items(world)[0]
+    assert client.get(url("review_queue")).status_code == status
+    assert client.get(url("review_item", item.pk)).status_code == status
+    assert client.get(url("review_agreement")).status_code == status
+
+
+def test_anonymous_people_are_sent_to_log_in(world: Run) -> None:
+    response = Client().get(url("review_queue"))
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+@pytest.mark.parametrize(("role", "status"), [("viewer", 403), ("outsider", 404)])
+def test_viewers_and_outsiders_cannot_claim_grade_or_send(
+    world: Run, client_as: Callable[..., Client], role: str, status: int
+) -> None:
+    client = client_as(role)
+    item = items(world)[0]
+    assert client.post(url("review_queue")).status_code == status
+    for action in ("claim", "grade", "skip", "adjudicate"):
+        response = client.post(url("review_item", item.pk), {"action": action, "verdict": "pass"})
+        assert response.status_code == status, action
+    result = item.check_result
+    assert client.post(url("review_send", result.pk)).status_code == status
+    assert not ReviewVerdict.objects.exists()
+    item.refresh_from_db()
+    assert item.claimed_by is None and ReviewItem.objects.count() == 3
+
+
+def test_items_of_another_project_are_not_found(
+    two_projects: Any, world: Run, client_as: Callable[..., Client]
+) -> None:
+    theirs = make_world(two_projects.other, scores=(0.5,))
+    client = client_as("admin")
+    other_item = items(theirs)[0]
+    assert client.get(url("review_item", other_item.pk)).status_code == 404
+    assert client.post(url("review_item", other_item.pk), {"verdict": "pass"}).status_code == 404
+    assert client.post(url("review_send", other_item.check_result_id)).status_code == 404
+
+
+# --- The queue ------------------------------------------------------------------------------
+
+
+def test_queue_lists_items_counts_and_filters(
+    two_projects: Any, world: Run, client_as: Callable[..., Client]
+) -> None:
+    second = make_run(two_projects.mine, spec_id="second-spec", review={"all": True})
+    add_judge(add_execution(second, 0), score=0.5)
+    services.run_finalize(run_id=second.pk)
+    client = client_as("viewer")
+
+    page = client.get(url("review_queue")).content.decode()
+    assert re.search(r'data-count="open">4<', page)
+    assert page.count('href="/p/mine/review/') >= 4 + 1  # four items and the agreement link
+
+    filtered = client.get(url("review_queue", query=f"?run={second.pk}")).content.decode()
+    assert re.search(r'data-count="open">1<', filtered)
+    assert f"/review/{items(second)[0].pk}/" in filtered
+    assert f"/review/{items(world)[0].pk}/" not in filtered
+    by_spec = client.get(url("review_queue", query="?spec=review-demo")).content.decode()
+    assert re.search(r'data-count="open">3<', by_spec)
+    by_criteria = client.get(url("review_queue", query="?criteria=polite")).content.decode()
+    assert re.search(r'data-count="open">4<', by_criteria)
+    assert "Grading needs the reviewer role" in page
+
+    region = client.get(url("review_queue", query="?run=999999"), HTTP_HX_REQUEST="true")
+    body = region.content.decode()
+    assert body.lstrip().startswith('<div id="queue-region">') and "<html" not in body
+    assert re.search(r'data-count="open">0<', body)
+
+
+def test_start_reviewing_claims_the_oldest_open_item(
+    world: Run, member: Callable[..., Any]
+) -> None:
+    reviewer = member("reviewer")
+    response = login(reviewer).post(url("review_queue"), {"run": str(world.pk)})
+    first = items(world)[0]
+    assert response.status_code == 302
+    assert response["Location"] == url("review_item", first.pk, query=f"?run={world.pk}")
+    first.refresh_from_db()
+    assert first.claimed_by == reviewer
+
+
+# --- Grading ----------------------------------------------------------------------------------
+
+
+def test_a_reviewer_grades_without_javascript(world: Run, member: Callable[..., Any]) -> None:
+    reviewer = member("reviewer")
+    client = login(reviewer)
+    first, second, _ = items(world)
+    # An item nobody holds is claimed by its button, then graded by a plain form POST.
+    page = client.get(url("review_item", first.pk)).content.decode()
+    assert 'value="claim"' in page and 'id="review-form"' not in page
+    claimed = client.post(url("review_item", first.pk), {"action": "claim"})
+    assert claimed.status_code == 302
+    page = client.get(url("review_item", first.pk)).content.decode()
+    assert 'id="review-form"' in page
+    # The shortcuts are on the page.
+    for key in ("<kbd>p</kbd>", "<kbd>f</kbd>", "<kbd>0</kbd>", "<kbd>n</kbd>", "<kbd>Enter</kbd>"):
+        assert key in page
+
+    response = client.post(
+        url("review_item", first.pk), {"verdict": "pass", "score": "0.9", "note": "fine"}
+    )
+    assert response.status_code == 302
+    assert response["Location"] == url("review_item", second.pk, query=f"?previous={first.pk}")
+    next_page = client.get(response["Location"]).content.decode()
+    assert f"Item #{first.pk} graded" in next_page and "(0)" in next_page  # judge revealed
+    assert 'id="review-form"' in next_page  # the next item is already claimed
+    human = CheckResult.objects.get(execution=first.execution, source="human")
+    assert (human.score, human.passed) == (0.9, True)
+
+
+def test_htmx_grading_swaps_in_the_next_item(world: Run, member: Callable[..., Any]) -> None:
+    reviewer = member("reviewer")
+    client = login(reviewer)
+    first, second, third = items(world)
+    services.review_claim(item_id=first.pk, user=reviewer)
+    response = client.post(
+        url("review_item", first.pk),
+        {"verdict": "fail", "score": "", "note": "", "run": str(world.pk)},
+        HTTP_HX_REQUEST="true",
+    )
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert body.lstrip().startswith('<section id="review-item"') and "<html" not in body
+    assert f"Review item #{second.pk}" in body and 'id="review-form"' in body
+    assert f"Item #{first.pk} graded" in body
+    assert response["HX-Push-Url"] == url(
+        "review_item", second.pk, query=f"?run={world.pk}&previous={first.pk}"
+    )
+    verdict = ReviewVerdict.objects.get(item=first)
+    assert (verdict.passed, verdict.score) == (False, 0.0)  # an empty score follows the verdict
+
+    # Skipping gives the item back and moves on.
+    skipped = client.post(url("review_item", second.pk), {"action": "skip"}, HTTP_HX_REQUEST="true")
+    assert f"Review item #{third.pk}" in skipped.content.decode()
+    second.refresh_from_db()
+    assert second.claimed_by is None
+
+    # After the third, the skipped one comes back; after it, nothing is left.
+    back = client.post(url("review_item", third.pk), {"verdict": "pass"}, HTTP_HX_REQUEST="true")
+    assert f"Review item #{second.pk}" in back.content.decode()
+    last = client.post(url("review_item", second.pk), {"verdict": "pass"}, HTTP_HX_REQUEST="true")
+    assert "Nothing left to grade" in last.content.decode()
+    assert last["HX-Push-Url"] == url("review_queue")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"verdict": "pass", "score": "1.7"}, "score: must be between 0 and 1"),
+        ({"verdict": "pass", "score": "abc"}, "score: &#x27;abc&#x27; is not a number"),
+        ({"score": "0.5"}, "passed: choose pass or fail"),
+    ],
+)
+def test_bad_grades_are_refused_with_the_field_named(
+    world: Run, member: Callable[..., Any], data: dict[str, str], message: str
+) -> None:
+    reviewer = member("reviewer")
+    client = login(reviewer)
+    first = items(world)[0]
+    services.review_claim(item_id=first.pk, user=reviewer)
+    plain = client.post(url("review_item", first.pk), data)
+    assert plain.status_code == 400 and message in plain.content.decode()
+    swapped = client.post(url("review_item", first.pk), data, HTTP_HX_REQUEST="true")
+    assert swapped.status_code == 200 and message in swapped.content.decode()
+    assert 'id="review-form"' in swapped.content.decode()  # still gradable, values kept
+    assert not ReviewVerdict.objects.exists()
+
+
+def test_an_item_held_by_someone_else_cannot_be_graded(
+    world: Run, member: Callable[..., Any]
+) -> None:
+    holder, other = member("reviewer"), member("reviewer")
+    first = items(world)[0]
+    services.review_claim(item_id=first.pk, user=holder)
+    client = login(other)
+    page = client.get(url("review_item", first.pk)).content.decode()
+    assert f"Being graded by {holder.username}" in page and 'id="review-form"' not in page
+    response = client.post(url("review_item", first.pk), {"verdict": "pass"})
+    assert response.status_code == 409
+    assert f"being graded by {holder.username}" in response.content.decode()
+    assert not ReviewVerdict.objects.exists()
+
+
+def test_blind_items_hide_the_judge_until_the_reviewer_answered(
+    two_projects: Any, member: Callable[..., Any]
+) -> None:
+    run = make_world(two_projects.mine, blind=True, scores=(0.3, 0.9))
+    reviewer = member("reviewer")
+    client = login(reviewer)
+    first = items(run)[0]
+    services.review_claim(item_id=first.pk, user=reviewer)
+
+    queue = client.get(url("review_queue")).content.decode()
+    assert "blind" in queue and "0.30" not in queue
+    page = client.get(url("review_item", first.pk)).content.decode()
+    assert 'data-testid="judge-hidden"' in page
+    assert REASONING not in page and 'data-testid="judge-score"' not in page
+    # The judged input and the criteria are shown.
+    assert "Your refund for order 1042 is on its way." in page
+    assert "Is the answer polite" in page and "Polite and confirms the refund" in page
+
+    response = client.post(url("review_item", first.pk), {"verdict": "pass"})
+    revealed = client.get(response["Location"]).content.decode()
+    assert f"{REASONING} (0)" in revealed  # the judge on the item just graded
+    assert f"{REASONING} (1)" not in revealed  # not on the next one, still blind
+    after = client.get(url("review_item", first.pk)).content.decode()
+    assert 'data-testid="judge-score"' in after and f"{REASONING} (0)" in after
+
+
+def test_not_blind_items_show_the_judge_to_everyone(
+    world: Run, client_as: Callable[..., Client]
+) -> None:
+    page = client_as("viewer").get(url("review_item", items(world)[0].pk)).content.decode()
+    assert 'data-testid="judge-score"' in page and f"{REASONING} (0)" in page
+    assert 'id="review-form"' not in page and 'value="claim"' not in page
+
+
+def test_the_transcript_shows_stored_tool_calls(
+    world: Run, client_as: Callable[..., Client]
+) -> None:
+    from django.core.files.base import ContentFile
+
+    from evaluations.models import Artifact
+
+    first = items(world)[0]
+    trace = {
+        "llm_calls": [],
+        "tool_calls": [
+            {
+                "name": "lookup_order",
+                "arguments": {"order": 1042},
+                "response": '{"status": "paid"}',
+            },
+            {"name": "refund", "arguments": {"order": 1042}, "response": "ok"},
+        ],
+    }
+    artifact = Artifact(execution=first.execution, kind="trace", name="trace.json")
+    artifact.file.save("trace.json", ContentFile(json.dumps(trace).encode()), save=True)
+    page = client_as("viewer").get(url("review_item", first.pk)).content.decode()
+    assert "Tool calls (2)" in page and "lookup_order" in page and "refund" in page
+
+
+# --- Adjudication --------------------------------------------------------------------------------
+
+
+def test_only_admins_adjudicate(two_projects: Any, member: Callable[..., Any]) -> None:
+    run = make_run(two_projects.mine, review={"all": True, "reviewers_per_item": 2})
+    add_judge(add_execution(run, 0), score=0.3)
+    services.run_finalize(run_id=run.pk)
+    item = items(run)[0]
+    services.review_submit(item_id=item.pk, user=member("reviewer"), passed=True)
+    services.review_submit(item_id=item.pk, user=member("reviewer"), passed=False)
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.ADJUDICATION
+
+    editor = login(member("editor"))
+    refused = editor.post(url("review_item", item.pk), {"action": "adjudicate", "verdict": "pass"})
+    assert refused.status_code == 403
+    admin = login(member("admin"))
+    page = admin.get(url("review_item", item.pk)).content.decode()
+    assert 'value="adjudicate"' in page and "Grades" in page
+    response = admin.post(
+        url("review_item", item.pk), {"action": "adjudicate", "verdict": "pass", "score": "1"}
+    )
+    assert response.status_code == 302
+    item.refresh_from_db()
+    assert item.status == ReviewStatus.COMPLETE and item.final_passed is True
+    assert Run.objects.get(pk=run.pk).exit_code == 0
+
+
+# --- Agreement -----------------------------------------------------------------------------------
+
+
+def test_the_agreement_page_shows_kappa_mae_agreement_and_a_trend(
+    two_projects: Any, member: Callable[..., Any], client_as: Callable[..., Client]
+) -> None:
+    # Judge pass, pass, fail, fail, pass (0.9 / 0.2); people pass, fail, fail, fail, pass
+    # (scores 1 / 0 by default). kappa = (0.8 - 0.48) / 0.52 = 0.615; agreement 4/5 = 80%;
+    # MAE = (0.1 + 0.9 + 0.2 + 0.2 + 0.1) / 5 = 0.3.
+    run = make_world(two_projects.mine, scores=(0.9, 0.9, 0.2, 0.2, 0.9))
+    reviewer = member("reviewer")
+    for item, passed in zip(items(run), [True, False, False, False, True], strict=True):
+        services.review_submit(item_id=item.pk, user=reviewer, passed=passed)
+    page = client_as("viewer").get(url("review_agreement")).content.decode()
+    assert re.search(r'data-metric="kappa">0\.615<', page)
+    assert re.search(r'data-metric="mae">0\.300<', page)
+    assert re.search(r'data-metric="percent">80%<', page)
+    assert re.search(r'data-metric="n">5<', page)
+    assert "judge-model-a" in page and "pv-0001" in page
+    assert "vendor/plotly.min.js" in page
+    figure = json.loads(
+        re.search(
+            r'<script id="kappa-trend" type="application/json">(.*?)</script>', page, re.S
+        ).group(1)
+    )
+    assert figure["data"][0]["y"] == [pytest.approx(0.32 / 0.52)]
+
+
+def test_the_agreement_page_without_reviews(world: Run, client_as: Callable[..., Client]) -> None:
+    page = client_as("viewer").get(url("review_agreement")).content.decode()
+    assert "No completed reviews of judge results yet." in page
+
+
+# --- Send to review --------------------------------------------------------------------------
+
+
+def test_send_a_result_to_review_from_the_execution_page(
+    two_projects: Any, member: Callable[..., Any]
+) -> None:
+    run = make_run(two_projects.mine)
+    execution = add_execution(run, 0)
+    check = add_check(execution, passed=False)
+    client = login(member("reviewer"))
+    assert client.get(url("review_send", check.pk)).status_code == 405
+    response = client.post(url("review_send", check.pk))
+    assert response.status_code == 302
+    assert response["Location"] == url("execution_detail", execution.pk)
+    item = ReviewItem.objects.get(check_result=check)
+    assert item.reason == "manual"
+    # Back to where the form said, if it is on this site; htmx gets a fragment.
+    back = client.post(url("review_send", check.pk), {"next": "/p/mine/runs/"})
+    assert back["Location"] == "/p/mine/runs/"
+    elsewhere = client.post(url("review_send", check.pk), {"next": "https://evil.example/"})
+    assert elsewhere["Location"] == url("execution_detail", execution.pk)
+    fragment = client.post(url("review_send", check.pk), HTTP_HX_REQUEST="true")
+    assert f"item #{item.pk}" in fragment.content.decode()
+    assert ReviewItem.objects.count() == 1
