@@ -64,20 +64,24 @@ def bench_spec_source(index: int) -> str:
     )
 
 
-def create_database(database_url: str) -> None:
+def create_database(database_url: str, *, fresh: bool) -> None:
+    """The bench has a database of its own; `fresh` drops what an earlier seed left."""
     import psycopg
 
     name = database_url.rsplit("/", 1)[1]
     admin_url = database_url.rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(admin_url, autocommit=True) as conn:
+        if fresh:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def setup_django(database_url: str) -> None:
-    create_database(database_url)
+def setup_django(database_url: str, *, fresh: bool) -> None:
+    create_database(database_url, fresh=fresh)
     os.environ["DATABASE_URL"] = database_url
     os.environ.pop("CELERY_BROKER_URL", None)
+    os.environ["ALLOWED_HOSTS"] = "testserver"  # the Host header of Django's test client
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "keystone_web.settings")
     os.environ.setdefault("KEYSTONE_HOME", str(Path(__file__).resolve().parents[1] / "var/bench"))
     import django
@@ -88,7 +92,7 @@ def setup_django(database_url: str) -> None:
     call_command("migrate", verbosity=0)
 
 
-def seed(reseed: bool) -> None:
+def seed() -> None:
     from django.contrib.auth import get_user_model
 
     from evaluations.models import Membership, Project, Role
@@ -96,11 +100,10 @@ def seed(reseed: bool) -> None:
     existing = Project.objects.filter(slug="bench").first()
     # A finished seed ends with the small real run; anything less was interrupted.
     complete = existing is not None and existing.specs.filter(slug="bench-small").exists()
-    if complete and not reseed:
+    if complete:
         return
     if existing is not None:
-        print("dropping the previous bench data ...", flush=True)
-        existing.delete()
+        sys.exit("an earlier seed was interrupted: run again with --reseed")
     started = time.perf_counter()
     project = Project.objects.create(name="Bench", slug="bench")
     user, _ = get_user_model().objects.get_or_create(username="bench-viewer")
@@ -327,8 +330,8 @@ def main() -> int:
     parser.add_argument("--reseed", action="store_true")
     parser.add_argument("--seed-only", action="store_true", help="seed, do not measure")
     args = parser.parse_args()
-    setup_django(args.database_url)
-    seed(args.reseed)
+    setup_django(args.database_url, fresh=args.reseed)
+    seed()
     return 0 if args.seed_only else measure(args.requests)
 
 

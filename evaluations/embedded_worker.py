@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from evaluations import services
 from evaluations.models import Execution, ExecutionStatus, Run, RunStatus
@@ -53,3 +53,4 @@ def poll_forever(stop: threading.Event, interval: float = 1.0) -> None:
             busy = False
         if not busy:
             stop.wait(interval)
+    connections.close_all()  # this thread's connections: nothing left open after a stop
