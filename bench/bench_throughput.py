@@ -139,26 +139,15 @@ def _fresh_database(url: str) -> None:
 def _start_worker(
     name: str, concurrency: int, env: dict[str, str], home: Path
 ) -> tuple[subprocess.Popen[bytes], Path]:
+    from evaluations.cli_commands import celery_worker_command  # ROOT is on sys.path by now
+
     log = home / f"worker-{name}.log"
-    command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "keystone_web",
-        "worker",
-        "--pool",
-        "prefork",
-        "--concurrency",
-        str(concurrency),
-        "--hostname",
-        f"{name}@%h",
-        "--loglevel",
-        "WARNING",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-    ]
+    command = celery_worker_command(
+        concurrency=concurrency, loglevel="WARNING", hostname=f"{name}@%h"
+    )
+    # No beat: nothing dies during the measurement. No mingle, gossip or heartbeat: the
+    # broker carries the run's tasks only.
+    command += ["--pool", "prefork", "--without-gossip", "--without-mingle", "--without-heartbeat"]
     with log.open("wb") as handle:
         process = subprocess.Popen(
             command,

@@ -105,6 +105,14 @@ class RunArtifact:
             return list(self.tool_calls)
         return [call for llm in self.llm_calls for call in llm.tool_calls]
 
+    def failed_tool_calls(self) -> list[ToolCall]:
+        """Tool calls that raised or answered with an HTTP error status."""
+        return [
+            call
+            for call in self.all_tool_calls()
+            if call.error or (call.status is not None and call.status >= 400)
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

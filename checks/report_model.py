@@ -75,7 +75,7 @@ class ExecutionRecord:
     ) -> ExecutionRecord:
         """Build the record the in-process runner scores, from what the agent left behind."""
         calls = artifact.all_tool_calls()
-        failed_calls = [c for c in calls if c.error or (c.status is not None and c.status >= 400)]
+        failed_calls = artifact.failed_tool_calls()
         return cls(
             id=id,
             scenario=scenario,

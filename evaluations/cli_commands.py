@@ -102,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         project=project,
         source_yaml=spec_path.read_text(encoding="utf-8"),
         source_name=str(spec_path),
+        base_dir=str(spec_path.resolve().parent),
     )
     try:
         run = services.run_create(
@@ -243,6 +244,25 @@ def cmd_replay_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def celery_worker_command(
+    *,
+    concurrency: int,
+    loglevel: str,
+    beat_schedule: Path | None = None,
+    hostname: str | None = None,
+) -> list[str]:
+    """The command line of a Celery worker for Keystone's tasks. With `beat_schedule` it
+    also runs beat (the periodic requeue of dead workers' executions), keeping its state in
+    that file; `hostname` names the worker (`name@%h`) where several share a machine."""
+    command = [sys.executable, "-m", "celery", "-A", "keystone_web", "worker"]
+    command += ["--loglevel", loglevel, "--concurrency", str(concurrency)]
+    if beat_schedule is not None:
+        command += ["--beat", "--schedule", str(beat_schedule)]
+    if hostname is not None:
+        command += ["--hostname", hostname]
+    return command
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     """A Celery worker (with the periodic requeue of dead workers' executions), or the
     embedded database-polling worker when no broker is configured."""
@@ -255,21 +275,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print("keystone worker: no CELERY_BROKER_URL; polling the database for work")
         poll_forever(threading.Event())
         return 0
-    command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "keystone_web",
-        "worker",
-        "--loglevel",
-        args.loglevel,
-        "--concurrency",
-        str(args.concurrency),
-        "--beat",
-        "--schedule",
-        str(Path(settings.KEYSTONE_HOME) / "celerybeat-schedule"),
-    ]
+    command = celery_worker_command(
+        concurrency=args.concurrency,
+        loglevel=args.loglevel,
+        beat_schedule=Path(settings.KEYSTONE_HOME) / "celerybeat-schedule",
+    )
     return subprocess.call(command)
 
 

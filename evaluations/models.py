@@ -185,6 +185,9 @@ class SpecVersion(models.Model):
     source_yaml = models.TextField()
     parsed = models.JSONField(default=dict)
     content_hash = models.CharField(max_length=64, editable=False)
+    # The server directory the text was read from (CLI, demo), where its relative files
+    # (seeds, fixtures, agents) live; empty for text typed or uploaded in the browser.
+    base_dir = models.CharField(max_length=1000, blank=True, default="")
     author = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.SET_NULL,
@@ -354,6 +357,8 @@ class Execution(models.Model):
     input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
     tool_call_count = models.PositiveIntegerField(default=0)
+    # Tool calls that errored or answered 4xx/5xx: the run's tool success rate needs them.
+    tool_error_count = models.PositiveIntegerField(default=0)
     # Capped at KEYSTONE_FINAL_OUTPUT_MAX_CHARS; the full output is an Artifact.
     final_output = models.TextField(blank=True, default="")
     error = models.TextField(blank=True, default="")

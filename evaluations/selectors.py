@@ -74,6 +74,7 @@ def _execution_record(execution: Execution, rows: list[CheckResult]) -> Executio
         pillar=execution.pillar,
         mutation_type=execution.mutation_type or None,
         tool_calls=execution.tool_call_count,
+        tool_errors=execution.tool_error_count,
         output=execution.final_output,
         error=execution.error or None,
     )
@@ -609,6 +610,16 @@ def run_in_project(project: Project, run_id: int) -> Run | None:
         Run.objects.filter(project=project, pk=run_id)
         .select_related("spec", "spec_version")
         .defer("summary", "spec_version__source_yaml")
+        .first()
+    )
+
+
+def spec_active_baseline(spec_id: int) -> Baseline | None:
+    """The spec's active baseline without its frozen data, for the run page: one query."""
+    return (
+        Baseline.objects.filter(spec_id=spec_id, active=True)
+        .select_related("created_by")
+        .defer("data")
         .first()
     )
 

@@ -22,7 +22,8 @@ from typing import Any
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import Avg, F, Min, Q, Sum
+from django.db.models.functions import Substr
 from django.utils import timezone
 
 from checks.context import SecurityPolicy
@@ -41,6 +42,7 @@ from checks.spec.model import Spec as EngineSpec
 from evaluations.models import (
     Artifact,
     ArtifactKind,
+    Baseline,
     CheckResult,
     Execution,
     ExecutionStatus,
@@ -72,7 +74,12 @@ class InfrastructureError(Exception):
 
 
 def spec_version_create(
-    *, project: Project, source_yaml: str, author: Any = None, source_name: str = "spec.yaml"
+    *,
+    project: Project,
+    source_yaml: str,
+    author: Any = None,
+    source_name: str = "spec.yaml",
+    base_dir: str = "",
 ) -> SpecVersion:
     """Validate and store a spec's text. The same text again returns the existing version;
     a changed text under the same `id` becomes version N+1. Invalid text is never stored."""
@@ -92,7 +99,12 @@ def spec_version_create(
             return existing
         number = (latest.number if latest else 0) + 1
         return SpecVersion.objects.create(
-            spec=spec, number=number, source_yaml=source_yaml, parsed=data, author=author
+            spec=spec,
+            number=number,
+            source_yaml=source_yaml,
+            parsed=data,
+            author=author,
+            base_dir=base_dir,
         )
 
 
@@ -129,7 +141,9 @@ def run_create(
             )
     options: dict[str, Any] = {
         "scenarios": scenarios or [],
-        "spec_dir": spec_dir or "",
+        # Relative files resolve against the directory given for this run, else the one
+        # the version was read from.
+        "spec_dir": spec_dir or spec_version.base_dir,
         "seed": seed,
     }
     if not judge_cache:
@@ -746,6 +760,7 @@ def execution_record(*, execution_id: int, worker: str, outcome: Any, spec: Engi
         execution.input_tokens = artifact.input_tokens
         execution.output_tokens = artifact.output_tokens
         execution.tool_call_count = len(artifact.all_tool_calls())
+        execution.tool_error_count = len(artifact.failed_tool_calls())
         execution.final_output = _storable(artifact.final_output[:cap])
         execution.error = _storable(artifact.error or "")
         execution.forbidden_violations = outcome.forbidden_violations
@@ -941,23 +956,38 @@ def membership_add(*, project: Project, username: str, role: str) -> Membership:
         return Membership.objects.create(project=project, user=user, role=new_role)
 
 
+def _membership_to_change(
+    *, project: Project, membership_id: int, stays_admin: bool, last_admin_advice: str
+) -> Membership:
+    """The project's membership, locked with its admins (call inside a transaction). Refused
+    when it is not in this project, or when it is the last admin and would stop being one;
+    `last_admin_advice` ends that message."""
+    admins = _lock_admins(project)
+    membership = (
+        Membership.objects.select_for_update(of=("self",))
+        .select_related("user")
+        .filter(project=project, pk=membership_id)
+        .first()
+    )
+    if membership is None:
+        raise MembershipError("That membership is not part of this project.")
+    if membership.role == Role.ADMIN and not stays_admin and admins <= 1:
+        raise MembershipError(
+            f"{membership.user.get_username()} is the only admin of {project.name}: "
+            + last_admin_advice
+        )
+    return membership
+
+
 def membership_set_role(*, project: Project, membership_id: int, role: str) -> Membership:
     new_role = _role(role)
     with transaction.atomic():
-        admins = _lock_admins(project)
-        membership = (
-            Membership.objects.select_for_update(of=("self",))
-            .select_related("user")
-            .filter(project=project, pk=membership_id)
-            .first()
+        membership = _membership_to_change(
+            project=project,
+            membership_id=membership_id,
+            stays_admin=new_role == Role.ADMIN,
+            last_admin_advice="make someone else admin first.",
         )
-        if membership is None:
-            raise MembershipError("That membership is not part of this project.")
-        if membership.role == Role.ADMIN and new_role != Role.ADMIN and admins <= 1:
-            raise MembershipError(
-                f"{membership.user.get_username()} is the only admin of {project.name}: "
-                "make someone else admin first."
-            )
         membership.role = new_role
         membership.save(update_fields=["role"])
         return membership
@@ -965,20 +995,12 @@ def membership_set_role(*, project: Project, membership_id: int, role: str) -> M
 
 def membership_remove(*, project: Project, membership_id: int) -> None:
     with transaction.atomic():
-        admins = _lock_admins(project)
-        membership = (
-            Membership.objects.select_for_update(of=("self",))
-            .select_related("user")
-            .filter(project=project, pk=membership_id)
-            .first()
+        membership = _membership_to_change(
+            project=project,
+            membership_id=membership_id,
+            stays_admin=False,
+            last_admin_advice="make someone else admin before removing them.",
         )
-        if membership is None:
-            raise MembershipError("That membership is not part of this project.")
-        if membership.role == Role.ADMIN and admins <= 1:
-            raise MembershipError(
-                f"{membership.user.get_username()} is the only admin of {project.name}: "
-                "make someone else admin before removing them."
-            )
         membership.delete()
 
 
@@ -1002,7 +1024,10 @@ def demo_load() -> list[str]:
     examples = Path(settings.BASE_DIR) / "examples" / "specs"
     for path in sorted(examples.glob("*.yaml")):
         version = spec_version_create(
-            project=project, source_yaml=path.read_text(encoding="utf-8"), source_name=str(path)
+            project=project,
+            source_yaml=path.read_text(encoding="utf-8"),
+            source_name=str(path),
+            base_dir=str(examples.resolve()),
         )
         lines.append(f"demo spec {version.spec.slug} v{version.number}")
     user_model = get_user_model()
@@ -1635,3 +1660,100 @@ def run_review_kappa(run: Run) -> float | None:
     )
     models = {nested or flat for nested, flat in rows if nested or flat}
     return review_kappa(project_id=run.project_id, spec_id=run.spec_id, judge_models=models)
+
+
+# --- Baselines ----------------------------------------------------------------------------
+#
+# A baseline freezes a completed run's results as the reference of its spec: the overview
+# lists a group (scenario x prompt) that passed in the active baseline and fails in the
+# spec's latest run (selectors.project_regressions). `data` keeps the run summary's groups,
+# each with its first passing output, mean latency and cost (as KindLM stores them), so a
+# baseline outlives the run it came from.
+
+BASELINE_OUTPUT_MAX_CHARS = 4000
+BASELINE_NAME_MAX = 200
+
+
+class BaselineError(ValueError):
+    """A run that cannot become a baseline; the message says why."""
+
+
+def baseline_promote(*, run_id: int, user: Any, name: str = "") -> Baseline:
+    """Make a completed run its spec's active baseline. The spec's previous active baseline
+    is deactivated in the same transaction (the database allows one active per spec)."""
+    name = name.strip()
+    if len(name) > BASELINE_NAME_MAX:
+        raise BaselineError(f"name: at most {BASELINE_NAME_MAX} characters, got {len(name)}")
+    with transaction.atomic():
+        run = Run.objects.select_related("project").get(pk=run_id)
+        if user is not None and not run.project.has_role(user, Role.EDITOR):
+            raise BaselineError(f"Promoting a baseline needs the editor role in {run.project}.")
+        if run.status != RunStatus.COMPLETED or not run.summary.get("groups"):
+            raise BaselineError(
+                f"run {run.pk} is {run.status}: only a completed, scored run can be a baseline"
+            )
+        # Two people promoting runs of one spec at once: the second waits for the first.
+        Spec.objects.select_for_update().filter(pk=run.spec_id).first()
+        current = Baseline.objects.filter(spec_id=run.spec_id, active=True).first()
+        if current is not None and current.run_id == run.pk:
+            if name and name != current.name:
+                current.name = name
+                current.save(update_fields=["name"])
+            return current
+        Baseline.objects.filter(spec_id=run.spec_id, active=True).update(active=False)
+        return Baseline.objects.create(
+            project_id=run.project_id,
+            spec_id=run.spec_id,
+            run=run,
+            name=name or f"run #{run.pk}",
+            active=True,
+            data=_baseline_data(run),
+            created_by=user if getattr(user, "is_authenticated", False) else None,
+        )
+
+
+def _baseline_data(run: Run) -> dict[str, Any]:
+    """The run summary's groups with, per group, the first passing output, the mean
+    latency and the total cost of its executions (two queries), and the run's metrics."""
+    from evaluations.selectors import group_key
+
+    per_group = {
+        group_key(row): row
+        for row in Execution.objects.filter(run=run)
+        .values("pillar", "scenario", "prompt_index", "mutation_type")
+        .annotate(
+            mean_duration_ms=Avg("duration_ms"),
+            cost_usd=Sum("cost_usd"),
+            first_passing_id=Min("id", filter=Q(passed=True)),
+        )
+        .order_by()
+    }
+    passing_ids = [row["first_passing_id"] for row in per_group.values() if row["first_passing_id"]]
+    outputs = dict(
+        Execution.objects.filter(pk__in=passing_ids)
+        .annotate(head=Substr("final_output", 1, BASELINE_OUTPUT_MAX_CHARS))
+        .values_list("pk", "head")
+    )
+    groups = []
+    for group in run.summary.get("groups") or []:
+        row = per_group.get(group_key(group), {})
+        first_passing_id = row.get("first_passing_id")
+        groups.append(
+            {
+                **group,
+                "first_passing_output": outputs.get(first_passing_id) if first_passing_id else None,
+                "mean_duration_ms": row.get("mean_duration_ms"),
+                "cost_usd": row.get("cost_usd"),
+            }
+        )
+    return {
+        "run_id": run.pk,
+        "spec_version_id": run.spec_version_id,
+        "pass_rate": run.pass_rate,
+        "composite": run.composite,
+        "resilience": run.resilience,
+        "overall": run.overall,
+        "exit_code": run.exit_code,
+        "metrics": run.summary.get("metrics") or {},
+        "groups": groups,
+    }

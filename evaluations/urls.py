@@ -12,6 +12,7 @@ urlpatterns = [
     path("p/", projects.project_list, name="project_list"),
     path("p/<slug:project_slug>/", projects.overview, name="overview"),
     path("p/<slug:project_slug>/members/", projects.members, name="members"),
+    path("p/<slug:project_slug>/settings/", projects.project_settings, name="project_settings"),
     # Specs
     path("p/<slug:project_slug>/specs/", specs.spec_list, name="spec_list"),
     path("p/<slug:project_slug>/specs/new/", specs.spec_edit, name="spec_new"),
@@ -34,6 +35,11 @@ urlpatterns = [
         "p/<slug:project_slug>/runs/<int:run_id>/rerun-failed/",
         runs.run_rerun_failed,
         name="run_rerun_failed",
+    ),
+    path(
+        "p/<slug:project_slug>/runs/<int:run_id>/baseline/",
+        runs.run_baseline,
+        name="run_baseline",
     ),
     path(
         "p/<slug:project_slug>/runs/<int:run_id>/export.<str:fmt>",

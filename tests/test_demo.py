@@ -26,3 +26,24 @@ def test_demo_load_stores_every_example_spec_once_and_the_demo_user_can_log_in()
     home = client.get("/")
     assert home.status_code == 302 and home["Location"] == "/p/default/"
     assert client.get("/admin/evaluations/run/").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_demo_spec_started_from_the_web_finds_its_relative_files() -> None:
+    """calculator-fix copies `../agents/shell_agent` into the workspace: a run started in the
+    browser (no spec directory given) must resolve it against examples/specs/."""
+    from evaluations.models import Execution, Run
+
+    demo_load()
+    client = Client()
+    client.login(username="demo", password="demo")
+    response = client.post("/p/default/specs/calculator-fix/run/", {"replicas": "1"})
+    assert response.status_code == 302
+    run = Run.objects.get(spec__slug="calculator-fix")
+    assert run.options["spec_dir"].endswith("examples/specs")
+    run.refresh_from_db()
+    assert run.status == "completed"
+    executions = list(Execution.objects.filter(run=run))
+    assert executions and all(e.status in {"success", "failed"} for e in executions), [
+        (e.status, e.error) for e in executions
+    ]

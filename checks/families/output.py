@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from checks.artifact import RunArtifact
 from checks.context import CheckContext
@@ -22,11 +23,17 @@ from checks.registry import Check, register
 from checks.results import FailureCode, Outcome
 
 
-def _present(output: str, value: str, case_sensitive: bool) -> int:
-    """Index of `value` in `output` (-1 when absent), honouring case sensitivity."""
-    if case_sensitive:
-        return output.find(value)
-    return output.casefold().find(value.casefold())
+def _locate(
+    values: list[str], config: dict[str, Any], artifact: RunArtifact
+) -> tuple[str, list[tuple[str, int]]]:
+    """The final output, and each value with where it first occurs there (-1: absent),
+    honouring the check's `case_sensitive`: the search the substring checks share."""
+    case_sensitive = get_bool(config, "case_sensitive", True)
+    output = artifact.final_output or ""
+    searched = output if case_sensitive else output.casefold()
+    return output, [
+        (value, searched.find(value if case_sensitive else value.casefold())) for value in values
+    ]
 
 
 def _listing(values: list[str]) -> str:
@@ -40,9 +47,8 @@ class ContainsCheck(Check):
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         values = one_or_many(self.config, "value", "values")
-        case_sensitive = get_bool(self.config, "case_sensitive", True)
-        output = artifact.final_output or ""
-        missing = [v for v in values if _present(output, v, case_sensitive) < 0]
+        output, located = _locate(values, self.config, artifact)
+        missing = [value for value, index in located if index < 0]
         if missing:
             return Outcome.fail(
                 FailureCode.CONTAINS_FAILED,
@@ -60,15 +66,12 @@ class NotContainsCheck(Check):
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         values = one_or_many(self.config, "value", "values")
-        case_sensitive = get_bool(self.config, "case_sensitive", True)
-        output = artifact.final_output or ""
-        found = []
-        for value in values:
-            index = _present(output, value, case_sensitive)
-            if index >= 0:
-                found.append(
-                    {"value": value, "context": snippet(output, index, index + len(value))}
-                )
+        output, located = _locate(values, self.config, artifact)
+        found = [
+            {"value": value, "context": snippet(output, index, index + len(value))}
+            for value, index in located
+            if index >= 0
+        ]
         if found:
             names = [item["value"] for item in found]
             return Outcome.fail(
@@ -86,9 +89,8 @@ class ContainsAnyCheck(Check):
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         values = get_str_list(self.config, "values", required=True)
-        case_sensitive = get_bool(self.config, "case_sensitive", True)
-        output = artifact.final_output or ""
-        found = [v for v in values if _present(output, v, case_sensitive) >= 0]
+        output, located = _locate(values, self.config, artifact)
+        found = [value for value, index in located if index >= 0]
         if not found:
             return Outcome.fail(
                 FailureCode.CONTAINS_FAILED,

@@ -19,7 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import psycopg
@@ -161,25 +161,72 @@ class DatabaseService(ABC):
         return table_changes(self.name, self._baseline, self.snapshot())
 
 
-# --- PostgreSQL -----------------------------------------------------------------------------
+class _Closable(Protocol):
+    def close(self) -> None: ...
 
 
-class PostgresService(DatabaseService):
-    type = "postgres"
+class _ServerDatabaseService(DatabaseService):
+    """A database of its own on a shared server (PostgreSQL, MySQL): created and dropped
+    through an admin connection to `server_url`, queried through one kept connection."""
+
+    default_port: int
 
     def __init__(self, name: str, seed: Seed, *, server_url: str, database: str) -> None:
         super().__init__(name, seed)
         self.server_url = server_url
         self.database = database
         self._parts = urlsplit(server_url)
-        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._conn: _Closable | None = None  # each server type narrows it to its driver's
+
+    @abstractmethod
+    def drop(self) -> None:
+        """Drop the database, even while sessions (an agent's leftovers) still use it."""
+
+    def stop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if not self.created:
+            return
+        self.drop()
+        self.created = False
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.type,
+            "host": self._parts.hostname,
+            "port": self._parts.port or self.default_port,
+            "url": self.dsn,
+            "dsn": self.dsn,
+            "database": self.database,
+        }
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------
+
+
+def _drop_postgres_database(admin: psycopg.Connection[tuple[Any, ...]], database: str) -> None:
+    # FORCE: an agent that left a connection open must not keep its database alive.
+    admin.execute(
+        pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(database))
+    )
+
+
+class PostgresService(_ServerDatabaseService):
+    type = "postgres"
+    default_port = 5432
+    _conn: psycopg.Connection[tuple[Any, ...]] | None
 
     @property
     def dsn(self) -> str:
         return urlunsplit(self._parts._replace(path="/" + self.database))
 
+    def _admin_connection(self) -> psycopg.Connection[tuple[Any, ...]]:
+        return psycopg.connect(self.server_url, autocommit=True, connect_timeout=10)
+
     def start(self) -> None:
-        with psycopg.connect(self.server_url, autocommit=True, connect_timeout=10) as admin:
+        with self._admin_connection() as admin:
             admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(self.database)))
         self.created = True
         conn = self._connection()
@@ -189,20 +236,9 @@ class PostgresService(DatabaseService):
             conn.execute(script.encode())
         self.take_baseline()
 
-    def stop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if not self.created:
-            return
-        with psycopg.connect(self.server_url, autocommit=True, connect_timeout=10) as admin:
-            # FORCE: an agent that left a connection open must not keep its database alive.
-            admin.execute(
-                pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    pgsql.Identifier(self.database)
-                )
-            )
-        self.created = False
+    def drop(self) -> None:
+        with self._admin_connection() as admin:
+            _drop_postgres_database(admin, self.database)
 
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         if self._conn is None or self._conn.closed:
@@ -237,30 +273,14 @@ class PostgresService(DatabaseService):
                 states[label] = TableState(int(row[0]), str(row[1]))
             return states
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "type": self.type,
-            "host": self._parts.hostname,
-            "port": self._parts.port or 5432,
-            "url": self.dsn,
-            "dsn": self.dsn,
-            "database": self.database,
-        }
-
 
 # --- MySQL / MariaDB ------------------------------------------------------------------------
 
 
-class MysqlService(DatabaseService):
+class MysqlService(_ServerDatabaseService):
     type = "mysql"
-
-    def __init__(self, name: str, seed: Seed, *, server_url: str, database: str) -> None:
-        super().__init__(name, seed)
-        self.server_url = server_url
-        self.database = database
-        self._parts = urlsplit(server_url)
-        self._conn: pymysql.connections.Connection[Any] | None = None
+    default_port = 3306
+    _conn: pymysql.connections.Connection[Any] | None
 
     @property
     def dsn(self) -> str:
@@ -304,15 +324,6 @@ class MysqlService(DatabaseService):
             finally:
                 seeder.close()
         self.take_baseline()
-
-    def stop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if not self.created:
-            return
-        self.drop()
-        self.created = False
 
     def drop(self) -> None:
         admin = self._connect(None)
@@ -359,17 +370,6 @@ class MysqlService(DatabaseService):
                 checksum = cursor.fetchone()[1]
                 states[table] = TableState(int(count), str(checksum))
             return states
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "type": self.type,
-            "host": self._parts.hostname,
-            "port": self._parts.port or 3306,
-            "url": self.dsn,
-            "dsn": self.dsn,
-            "database": self.database,
-        }
 
 
 # --- SQLite ---------------------------------------------------------------------------------
@@ -511,11 +511,7 @@ def sweep_stale_databases(
                 ).fetchall()
             ]
             for name in stale(names):
-                admin.execute(
-                    pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                        pgsql.Identifier(name)
-                    )
-                )
+                _drop_postgres_database(admin, name)
                 dropped.append(name)
     if mysql_url:
         probe = MysqlService("sweep", Seed(), server_url=mysql_url, database="")

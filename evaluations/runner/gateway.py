@@ -21,7 +21,7 @@ import secrets as secrets_module
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx2
 
@@ -164,34 +164,23 @@ class Gateway:
 
     def _status_fault(self, fault: LLMFault, body: dict[str, Any], started: float) -> HttpReply:
         status, headers, payload = status_fault_reply(fault)
-        model = str(body.get("model") or self.model or "")
-        if fault.mode == "timeout":
-            delay = timeout_delay_seconds(fault)
-            # Recorded before sleeping: the agent usually gives up before the delay ends.
-            self._record(
-                LLMCall(
-                    model=model,
-                    request=body,
-                    response=payload,
-                    status=status,
-                    latency_ms=delay * 1000,
-                    fault=fault.label,
-                )
-            )
-            self._closing.wait(delay)
-            if fault.options.get("drop"):
-                return HttpReply(status, drop=True)
-            return HttpReply.json(status, payload, headers)
+        delay = timeout_delay_seconds(fault) if fault.mode == "timeout" else 0.0
+        # A timeout is recorded before sleeping, with the delay as its latency: the agent
+        # usually gives up before the delay ends.
         self._record(
             LLMCall(
-                model=model,
+                model=str(body.get("model") or self.model or ""),
                 request=body,
                 response=payload,
                 status=status,
-                latency_ms=_ms_since(started),
+                latency_ms=delay * 1000 if fault.mode == "timeout" else _ms_since(started),
                 fault=fault.label,
             )
         )
+        if fault.mode == "timeout":
+            self._closing.wait(delay)
+            if fault.options.get("drop"):
+                return HttpReply(status, drop=True)
         return HttpReply.json(status, payload, headers)
 
     def _chat(self, body: dict[str, Any]) -> HttpReply:
@@ -207,7 +196,8 @@ class Gateway:
             completion = apply_to_chat(
                 fault, completion, fault_rng(self.seed, call_index, fault.index)
             )
-        self._record(self._chat_call(body, completion, status, started, fault))
+        usage = _chat_usage(body, completion, status)
+        self._record(self._answered_call(body, completion, status, started, fault, usage))
         if status != 200:
             return HttpReply.json(status, completion, headers)
         if body.get("stream"):
@@ -254,7 +244,8 @@ class Gateway:
             status, response, headers = self._forward("POST", "responses", forwarded)
             if status == 200 and fault is not None and rng is not None:
                 response = apply_to_responses(fault, response, rng)
-        self._record(self._responses_call(body, response, status, started, fault))
+        usage = _responses_usage(response)
+        self._record(self._answered_call(body, response, status, started, fault, usage))
         return HttpReply.json(status, response, headers)
 
     def _embeddings(self, body: dict[str, Any]) -> HttpReply:
@@ -332,71 +323,66 @@ class Gateway:
         priced_as = "scripted" if self._scripted is not None else model
         return cost_usd(priced_as, input_tokens, output_tokens, self._prices)
 
-    def _chat_call(
+    def _answered_call(
         self,
         body: dict[str, Any],
-        completion: dict[str, Any],
+        answer: dict[str, Any],
         status: int,
         started: float,
         fault: LLMFault | None,
+        usage: _AnswerUsage,
     ) -> LLMCall:
-        usage = completion.get("usage") or {}
-        model = str(completion.get("model") or body.get("model") or self.model or "")
-        messages = body.get("messages") or []
-        input_tokens = int(
-            usage.get("prompt_tokens") or (count_request_tokens(messages) if status == 200 else 0)
-        )
-        output_tokens = int(usage.get("completion_tokens") or 0)
-        tool_calls: list[ToolCall] = []
-        for choice in completion.get("choices") or []:
-            message = choice.get("message") or {}
-            if not output_tokens and not usage:
-                output_tokens += count_tokens(message_text(message))
-            for call in message.get("tool_calls") or []:
-                function = call.get("function") or {}
-                tool_calls.append(_model_tool_call(function.get("name"), function.get("arguments")))
+        """The record of a chat or responses call the model answered (possibly with a
+        content fault applied); only how `usage` is read differs between the two formats."""
+        model = str(answer.get("model") or body.get("model") or self.model or "")
         return LLMCall(
             model=model,
             request=body,
-            response=completion,
+            response=answer,
             status=status,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
             latency_ms=_ms_since(started),
-            cost_usd=self._cost(model, input_tokens, output_tokens),
+            cost_usd=self._cost(model, usage.input_tokens, usage.output_tokens),
             fault=fault.label if fault else None,
-            tool_calls=tool_calls,
+            tool_calls=usage.tool_calls,
         )
 
-    def _responses_call(
-        self,
-        body: dict[str, Any],
-        response: dict[str, Any],
-        status: int,
-        started: float,
-        fault: LLMFault | None,
-    ) -> LLMCall:
-        usage = response.get("usage") or {}
-        model = str(response.get("model") or body.get("model") or self.model or "")
-        input_tokens = int(usage.get("input_tokens") or 0)
-        output_tokens = int(usage.get("output_tokens") or 0)
-        tool_calls = [
-            _model_tool_call(item.get("name"), item.get("arguments"))
-            for item in response.get("output") or []
-            if item.get("type") == "function_call"
-        ]
-        return LLMCall(
-            model=model,
-            request=body,
-            response=response,
-            status=status,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            latency_ms=_ms_since(started),
-            cost_usd=self._cost(model, input_tokens, output_tokens),
-            fault=fault.label if fault else None,
-            tool_calls=tool_calls,
-        )
+
+class _AnswerUsage(NamedTuple):
+    input_tokens: int
+    output_tokens: int
+    tool_calls: list[ToolCall]  # the tools the model asked for
+
+
+def _chat_usage(body: dict[str, Any], completion: dict[str, Any], status: int) -> _AnswerUsage:
+    usage = completion.get("usage") or {}
+    messages = body.get("messages") or []
+    input_tokens = int(
+        usage.get("prompt_tokens") or (count_request_tokens(messages) if status == 200 else 0)
+    )
+    output_tokens = int(usage.get("completion_tokens") or 0)
+    tool_calls: list[ToolCall] = []
+    for choice in completion.get("choices") or []:
+        message = choice.get("message") or {}
+        if not output_tokens and not usage:
+            output_tokens += count_tokens(message_text(message))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            tool_calls.append(_model_tool_call(function.get("name"), function.get("arguments")))
+    return _AnswerUsage(input_tokens, output_tokens, tool_calls)
+
+
+def _responses_usage(response: dict[str, Any]) -> _AnswerUsage:
+    usage = response.get("usage") or {}
+    tool_calls = [
+        _model_tool_call(item.get("name"), item.get("arguments"))
+        for item in response.get("output") or []
+        if item.get("type") == "function_call"
+    ]
+    return _AnswerUsage(
+        int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0), tool_calls
+    )
 
 
 def _model_tool_call(name: Any, arguments: Any) -> ToolCall:

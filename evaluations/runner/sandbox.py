@@ -61,10 +61,26 @@ class SandboxUnavailable(Exception):
     """The requested backend cannot run on this host (no engine, no bubblewrap)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _RunRequest:
+    """One `Sandbox.run` call, checked: everything a backend needs to start the command."""
+
+    command: str
+    workspace: Path
+    env: dict[str, str]
+    stdin: str | None
+    timeout: float
+    max_output_bytes: int
+    cpus: float | None
+    memory_mb: int | None
+    network: str
+    ro_binds: Sequence[Path]
+    max_file_bytes: int
+
+
 class Sandbox(ABC):
     name: str = ""
 
-    @abstractmethod
     def run(
         self,
         command: str,
@@ -82,6 +98,28 @@ class Sandbox(ABC):
     ) -> ProcessResult:
         """Run `sh -c command` in `workspace` with exactly `env` (plus minimal defaults).
         `ro_binds` are extra host directories the command may read, at the same path."""
+        # Checked for every backend, local included where the mode cannot be enforced, so
+        # that a typo fails everywhere alike.
+        _check_network(network)
+        _ensure_home(workspace)
+        request = _RunRequest(
+            command=command,
+            workspace=workspace,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
+            max_output_bytes=max_output_bytes,
+            cpus=cpus,
+            memory_mb=memory_mb,
+            network=network,
+            ro_binds=ro_binds,
+            max_file_bytes=max_file_bytes,
+        )
+        return self._run(request)
+
+    @abstractmethod
+    def _run(self, request: _RunRequest) -> ProcessResult:
+        """Start the command the backend's way, wait for it within its limits, report it."""
 
     @abstractmethod
     def stop_all(self) -> None:
@@ -217,24 +255,30 @@ class _ProcessSandbox(Sandbox):
         for pid in pids:
             _kill_group(pid)
 
-    def _execute(
-        self,
-        argv: list[str],
-        *,
-        cwd: Path,
-        env: dict[str, str],
-        stdin: str | None,
-        timeout: float,
-        max_output_bytes: int,
-        preexec: Callable[[], None],
-    ) -> ProcessResult:
+    @abstractmethod
+    def argv(
+        self, command: str, *, workspace: Path, network: str, ro_binds: Sequence[Path] = ()
+    ) -> list[str]:
+        """What to execute on this machine so that `sh -c command` runs as the backend means."""
+
+    def _run(self, request: _RunRequest) -> ProcessResult:
+        workspace = request.workspace
+        argv = self.argv(
+            request.command, workspace=workspace, network=request.network, ro_binds=request.ro_binds
+        )
+        # The environment goes to the process itself, never onto a command line (bwrap's
+        # --setenv), where any process on the host could read secrets in /proc/PID/cmdline.
+        env = self._environment(request.env, str(workspace))
+        preexec = _limits(
+            _cpu_limit(request.timeout, request.cpus), request.memory_mb, request.max_file_bytes
+        )
         started = time.perf_counter()
         try:
             process = subprocess.Popen(
                 argv,
-                cwd=cwd,
+                cwd=workspace,
                 env=env,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdin=subprocess.PIPE if request.stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # own process group: the whole tree dies together
@@ -248,7 +292,9 @@ class _ProcessSandbox(Sandbox):
         with self._lock:
             self._running[process.pid] = process
         try:
-            return self._communicate(process, stdin, started, timeout, max_output_bytes)
+            return self._communicate(
+                process, request.stdin, started, request.timeout, request.max_output_bytes
+            )
         finally:
             with self._lock:
                 self._running.pop(process.pid, None)
@@ -402,33 +448,12 @@ class LocalSandbox(_ProcessSandbox):
 
     name = "local"
 
-    def run(
-        self,
-        command: str,
-        *,
-        workspace: Path,
-        env: dict[str, str],
-        stdin: str | None = None,
-        timeout: float = 600.0,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        cpus: float | None = None,
-        memory_mb: int | None = None,
-        network: str = "services",
-        ro_binds: Sequence[Path] = (),
-        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-    ) -> ProcessResult:
-        _check_network(network)  # not enforceable locally; validated so typos still fail
-        environment = self._environment(env, str(workspace))
-        _ensure_home(workspace)
-        return self._execute(
-            ["/bin/sh", "-c", command],
-            cwd=workspace,
-            env=environment,
-            stdin=stdin,
-            timeout=timeout,
-            max_output_bytes=max_output_bytes,
-            preexec=_limits(_cpu_limit(timeout, cpus), memory_mb, max_file_bytes),
-        )
+    def argv(
+        self, command: str, *, workspace: Path, network: str, ro_binds: Sequence[Path] = ()
+    ) -> list[str]:
+        # Nothing to isolate with: the workspace is the working directory, the network and
+        # the extra binds are the host's own.
+        return ["/bin/sh", "-c", command]
 
 
 def _cpu_limit(timeout: float, cpus: float | None) -> int:
@@ -492,36 +517,6 @@ class BwrapSandbox(_ProcessSandbox):
     def __init__(self, executable: str = "bwrap") -> None:
         super().__init__()
         self.executable = executable
-
-    def run(
-        self,
-        command: str,
-        *,
-        workspace: Path,
-        env: dict[str, str],
-        stdin: str | None = None,
-        timeout: float = 600.0,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        cpus: float | None = None,
-        memory_mb: int | None = None,
-        network: str = "services",
-        ro_binds: Sequence[Path] = (),
-        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-    ) -> ProcessResult:
-        _check_network(network)
-        _ensure_home(workspace)
-        argv = self.argv(command, workspace=workspace, network=network, ro_binds=ro_binds)
-        # The environment is handed to bwrap itself (not --setenv on the command line, where
-        # any process on the host could read secrets in /proc/PID/cmdline); bwrap passes it on.
-        return self._execute(
-            argv,
-            cwd=workspace,
-            env=self._environment(env, str(workspace)),
-            stdin=stdin,
-            timeout=timeout,
-            max_output_bytes=max_output_bytes,
-            preexec=_limits(_cpu_limit(timeout, cpus), memory_mb, max_file_bytes),
-        )
 
     def argv(
         self, command: str, *, workspace: Path, network: str, ro_binds: Sequence[Path] = ()
@@ -643,26 +638,11 @@ class DockerSandbox(Sandbox):
             with contextlib.suppress(Exception):
                 container.kill()
 
-    def run(
-        self,
-        command: str,
-        *,
-        workspace: Path,
-        env: dict[str, str],
-        stdin: str | None = None,
-        timeout: float = 600.0,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        cpus: float | None = None,
-        memory_mb: int | None = None,
-        network: str = "services",
-        ro_binds: Sequence[Path] = (),
-        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-    ) -> ProcessResult:
+    def _run(self, request: _RunRequest) -> ProcessResult:
         import docker.errors
         import requests.exceptions
 
-        _check_network(network)
-        _ensure_home(workspace)
+        workspace = request.workspace
         started = time.perf_counter()
         # The SDK gives a container no stdin stream, and `docker logs` is slow and stores all
         # output on disk; so stdin is a file, and stdout/stderr are named pipes in the
@@ -671,13 +651,13 @@ class DockerSandbox(Sandbox):
         stdin_name, out_name, err_name = (
             f".keystone/{kind}-{token}" for kind in ("stdin", "stdout", "stderr")
         )
-        (workspace / stdin_name).write_text(stdin or "", encoding="utf-8")
-        out, err = _CappedBuffer(max_output_bytes), _CappedBuffer(max_output_bytes)
+        (workspace / stdin_name).write_text(request.stdin or "", encoding="utf-8")
+        out, err = _CappedBuffer(request.max_output_bytes), _CappedBuffer(request.max_output_bytes)
         pump = _FifoPump({workspace / out_name: out, workspace / err_name: err})
         wrapper = 'exec /bin/sh -c "$1" < "$2" > "$3" 2> "$4"'
         # A list, not a dict keyed by host path: the same host path may appear twice.
         volumes = [f"{workspace}:{_CONTAINER_WORKSPACE}:rw"]
-        volumes += [f"{extra}:{extra}:ro" for extra in _safe_ro_binds(ro_binds, workspace)]
+        volumes += [f"{extra}:{extra}:ro" for extra in _safe_ro_binds(request.ro_binds, workspace)]
         container = None
         timed_out = False
         exit_code: int | None = None
@@ -685,17 +665,19 @@ class DockerSandbox(Sandbox):
         try:
             container = self.client.containers.create(
                 self.image,
-                ["/bin/sh", "-c", wrapper, "keystone", command]
+                ["/bin/sh", "-c", wrapper, "keystone", request.command]
                 + [f"{_CONTAINER_WORKSPACE}/{name}" for name in (stdin_name, out_name, err_name)],
                 working_dir=_CONTAINER_WORKSPACE,
-                environment=self._environment(env, _CONTAINER_WORKSPACE),
+                environment=self._environment(request.env, _CONTAINER_WORKSPACE),
                 volumes=volumes,
-                network_mode="none" if network == "none" else "host",
-                nano_cpus=int(cpus * 1e9) if cpus else None,
-                mem_limit=f"{memory_mb}m" if memory_mb else None,
+                network_mode="none" if request.network == "none" else "host",
+                nano_cpus=int(request.cpus * 1e9) if request.cpus else None,
+                mem_limit=f"{request.memory_mb}m" if request.memory_mb else None,
                 user=f"{os.getuid()}:{os.getgid()}",  # files it writes stay removable by the server
                 ulimits=[
-                    docker.types.Ulimit(name="fsize", soft=max_file_bytes, hard=max_file_bytes)
+                    docker.types.Ulimit(
+                        name="fsize", soft=request.max_file_bytes, hard=request.max_file_bytes
+                    )
                 ],
                 labels={"keystone.sandbox": "docker"},
                 detach=True,
@@ -703,7 +685,7 @@ class DockerSandbox(Sandbox):
             with self._lock:
                 self._containers[container.id] = container
             container.start()
-            remaining = max(0.1, started + timeout - time.perf_counter())
+            remaining = max(0.1, started + request.timeout - time.perf_counter())
             try:
                 exit_code = int(container.wait(timeout=remaining)["StatusCode"])
             except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):

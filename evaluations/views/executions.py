@@ -1,6 +1,7 @@
 """Executions: one agent invocation in full (transcript, output streams, workspace diff,
-HTTP mock requests, database writes, check results, forbidden violations, a reproducer
-command) and the download of its stored artifacts."""
+HTTP mock requests, database writes, check results with their review state and the changes
+people made, forbidden violations, a reproducer command) and the download of its stored
+artifacts."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from django.views.decorators.http import require_GET
 
 from evaluations import selectors
 from evaluations.access import project_for
-from evaluations.models import Artifact, ArtifactKind, CheckResult
+from evaluations.models import Artifact, ArtifactKind, CheckResult, ReviewItem
 
 DETAILS_MAX_CHARS = 8000  # a check result's details as shown; the JSON export has them whole
 FILE_CONTENT_MAX_CHARS = 20000  # one changed file's content in the workspace diff
@@ -32,9 +33,12 @@ def _pretty(value: Any, limit: int = DETAILS_MAX_CHARS) -> str:
     return _clip(json.dumps(value, indent=2, ensure_ascii=False, default=str), limit)
 
 
-def _result_rows(results: list[CheckResult]) -> list[dict[str, Any]]:
-    """Results with their details as text, and whether a stronger source (a person over the
-    judge, the judge over the engine) overrides them for their invariant."""
+def _result_rows(
+    results: list[CheckResult], pending_reviews: dict[int, ReviewItem]
+) -> list[dict[str, Any]]:
+    """Results with their details as text, whether a stronger source (a person over the
+    judge, the judge over the engine) overrides them for their invariant, and the review
+    item each one is waiting in, if any."""
     strongest: dict[str, CheckResult] = {}
     for result in results:
         current = strongest.get(result.invariant_id)
@@ -46,6 +50,7 @@ def _result_rows(results: list[CheckResult]) -> list[dict[str, Any]]:
             "result": result,
             "details": _pretty(result.details),
             "overridden": strongest[result.invariant_id].pk != result.pk,
+            "review_item": pending_reviews.get(result.pk),
         }
         for result in results
     ]
@@ -126,7 +131,11 @@ def execution_detail(request: HttpRequest, project_slug: str, execution_id: int)
         "run": execution.run,
         "artifacts": artifacts,
         "by_kind": by_kind,
-        "results": _result_rows(selectors.execution_results(execution)),
+        "results": _result_rows(
+            selectors.execution_results(execution), selectors.pending_review_items(execution)
+        ),
+        # Human verdicts that replaced a result: who, when, before and after.
+        "changes": selectors.result_changes(execution),
         "forbidden": [_pretty(v) for v in execution.forbidden_violations],
         "transcript": selectors.execution_transcript(trace),
         "trace_problem": trace_problem,

@@ -1,12 +1,15 @@
-"""Projects: the home redirect, the project list, a project's overview and its members."""
+"""Projects: the home redirect, the project list, a project's overview, its members and its
+settings (the review policy)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.text import slugify
@@ -157,3 +160,109 @@ def _member_action(request: HttpRequest, access: ProjectAccess) -> str:
         services.membership_remove(project=project, membership_id=membership_id)
         return "Member removed."
     raise services.MembershipError(f"Unknown action {action!r}: add, set_role or remove.")
+
+
+# --- Settings: the project's review policy ---------------------------------------------------
+
+
+def _rate_field(help_text: str) -> forms.FloatField:
+    return forms.FloatField(required=False, min_value=0.0, max_value=1.0, help_text=help_text)
+
+
+class ReviewPolicyForm(forms.Form):
+    """The keys of a spec's `review:` block, for the whole project. An empty number or an
+    unticked box stores nothing: Keystone's default applies, and a spec's block wins."""
+
+    all = forms.BooleanField(required=False, help_text="Every judge result goes to people.")
+    sample_rate = _rate_field("Share of judge results sampled at random, 0 to 1.")
+    borderline_margin = _rate_field(
+        "Judge scores within this distance of the pass threshold, 0 to 1."
+    )
+    check_disagreement = forms.BooleanField(
+        required=False, help_text="The judge and the deterministic checks disagree."
+    )
+    spread_max = _rate_field("Judge samples spread more than this, 0 to 1.")
+    failing_gates = forms.BooleanField(
+        required=False, help_text="Judge results that make a gate fail."
+    )
+    reviewers_per_item = forms.IntegerField(
+        required=False, min_value=1, help_text="People who grade each item."
+    )
+    blind = forms.BooleanField(
+        required=False, help_text="Hide the judge's score and reasoning until graded."
+    )
+    disagreement = _rate_field(
+        "Reviewers' scores further apart than this disagree, even on the same verdict."
+    )
+
+    FIELDSETS = (
+        (
+            "What goes to people",
+            (
+                "all",
+                "sample_rate",
+                "borderline_margin",
+                "check_disagreement",
+                "spread_max",
+                "failing_gates",
+            ),
+        ),
+        ("How items are reviewed", ("reviewers_per_item", "blind", "disagreement")),
+    )
+
+    def fieldsets(self) -> list[tuple[str, list[forms.BoundField]]]:
+        return [(legend, [self[name] for name in names]) for legend, names in self.FIELDSETS]
+
+    def policy(self) -> dict[str, Any]:
+        return {
+            name: value
+            for name, value in self.cleaned_data.items()
+            if value is not None and value is not False
+        }
+
+    def error_lines(self) -> list[str]:
+        """Every error as "field: message", the field named as in a spec's review block."""
+        return [
+            str(message) if name == NON_FIELD_ERRORS else f"{name}: {message}"
+            for name, errors in self.errors.items()
+            for message in errors
+        ]
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def project_settings(request: HttpRequest, project_slug: str) -> HttpResponse:
+    """Admins set which judge results go to people (the project's review policy); each
+    spec's `review:` block overrides it key by key. Invalid values come back with the
+    field named; htmx requests get the form region."""
+    access = project_for(request, project_slug, Role.ADMIN)
+    project = access.project
+    status = 200
+    notice = ""
+    if request.method == "POST":
+        form = ReviewPolicyForm(request.POST)
+        if form.is_valid():
+            try:
+                services.project_review_policy_set(project=project, policy=form.policy())
+            except services.ReviewInputError as exc:
+                form.add_error(None, f"review policy not saved: {exc}")
+        if form.is_valid():
+            notice = "Review policy saved."
+            if not request.htmx:  # type: ignore[attr-defined]
+                messages.success(request, notice)
+                return redirect("project_settings", project_slug=project.slug)
+            form = ReviewPolicyForm(initial=project.review_policy)
+        else:
+            # htmx swaps 2xx only: the errors are in the fragment.
+            status = 200 if request.htmx else 400  # type: ignore[attr-defined]
+    else:
+        form = ReviewPolicyForm(initial=project.review_policy)
+    context = {
+        "access": access,
+        "form": form,
+        "notice": notice,
+        "policy_json": json.dumps(project.review_policy or {}, sort_keys=True),
+        "defaults_json": json.dumps(services.REVIEW_POLICY_DEFAULTS, sort_keys=True),
+    }
+    template = _template(request, "projects/settings.html", "policy-form")
+    return render(request, template, context, status=status)

@@ -1,6 +1,6 @@
 """Runs: the list (filters, keyset pages), a run's page (live progress, scores, gates, the
-invariant x scenario heatmap, replica groups), one heatmap cell, the cancel and
-re-run-failed actions, and the exports (JSON, JUnit, Markdown, CSV of check results)."""
+invariant x scenario heatmap, replica groups), one heatmap cell, the cancel, re-run-failed
+and promote-to-baseline actions, and the exports (JSON, JUnit, Markdown, CSV of check results)."""
 
 from __future__ import annotations
 
@@ -208,6 +208,8 @@ def _run_context(access: ProjectAccess, run: Run, summary: dict[str, Any]) -> di
         ),
         # A label anyone can set (--label rerun_of=...): linked only when it is a run id.
         "rerun_of": rerun_of if rerun_of.isdigit() else "",
+        # Only an ended run can be (or be compared with) the spec's baseline.
+        "baseline": selectors.spec_active_baseline(run.spec_id) if terminal else None,
     }
 
 
@@ -309,6 +311,41 @@ def run_rerun_failed(request: HttpRequest, project_slug: str, run_id: int) -> Ht
         request, f"Run {new_run.pk} re-runs the {groups} failed group(s) of run {run.pk}."
     )
     return redirect("run_detail", project_slug=project_slug, run_id=new_run.pk)
+
+
+@login_required
+@require_POST
+def run_baseline(request: HttpRequest, project_slug: str, run_id: int) -> HttpResponse:
+    """Freeze this completed run's results as its spec's active baseline (editors). htmx gets
+    the page's baseline region back; a plain form post is redirected to the run page."""
+    access = project_for(request, project_slug, Role.EDITOR)
+    run = selectors.run_in_project(access.project, run_id)
+    if run is None:
+        raise Http404("No such run in this project.")
+    notice, error = "", ""
+    try:
+        baseline = services.baseline_promote(
+            run_id=run.pk, user=request.user, name=request.POST.get("name", "")
+        )
+    except services.BaselineError as exc:
+        error = f"Not promoted: {exc}."
+    else:
+        notice = f"Run {run.pk} is now the baseline of {run.spec.slug} ({baseline.name})."
+    if _htmx(request):
+        context = {
+            "access": access,
+            "run": run,
+            "baseline": selectors.spec_active_baseline(run.spec_id),
+            "baseline_notice": notice,
+            "baseline_error": error,
+        }
+        # htmx swaps 2xx answers only: a refusal is shown in the region.
+        return render(request, "runs/run_detail.html#baseline", context)
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, notice)
+    return redirect("run_detail", project_slug=project_slug, run_id=run.pk)
 
 
 # --- Exports ------------------------------------------------------------------------------

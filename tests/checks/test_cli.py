@@ -17,6 +17,7 @@ from checks.results import CheckResult, FailureCode
 from checks.scoring import ExecutionRecord, score_run
 from checks.spec.model import Spec
 from evaluations.cli import main
+from tests.cli_helpers import run_keystone
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,14 +60,7 @@ invariants:
 def _keystone(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "evaluations.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_keystone(*args, env=env, cwd=cwd)
 
 
 def _report(tmp_path: Path, *, passing: bool, gates: dict[str, Any] | None = None) -> Path:

@@ -13,7 +13,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from django.db import connection
 from kombu import pools as kombu_pools
 
 from evaluations import services
+from evaluations.cli_commands import celery_worker_command
 from evaluations.models import CheckResult, Execution, ExecutionStatus, Run, RunStatus, Trigger
 from keystone_web.celery import app as celery_app
 
@@ -189,27 +189,15 @@ def start_worker(broker: str, tmp_path: Path) -> Iterator[Callable[[str], Worker
             PYTHONUNBUFFERED="1",
         )
         log = tmp_path / f"worker-{name}.log"
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "keystone_web",
-            "worker",
-            "--pool",
-            "prefork",
-            "--concurrency",
-            "2",
-            "-B",
-            "--schedule",
-            str(home / "celerybeat-schedule"),
-            "--hostname",
-            f"{name}@%h",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-        ]
+        command = celery_worker_command(
+            concurrency=2,
+            loglevel="INFO",
+            beat_schedule=home / "celerybeat-schedule",
+            hostname=f"{name}@%h",
+        )
+        # Short-lived workers started together: no start-up sync with the others (mingle)
+        # and no gossip between them, so each is ready at once.
+        command += ["--pool", "prefork", "--without-gossip", "--without-mingle"]
         with log.open("wb") as handle:
             process = subprocess.Popen(
                 command,

@@ -25,14 +25,14 @@ from django.core.files.storage import default_storage
 from checks.families.similarity import lexical_similarity
 from checks.planning import execution_key, execution_seed
 from evaluations import services
-from evaluations.models import Artifact, ArtifactKind, Execution, Project, Run, Trigger
+from evaluations.models import Artifact, ArtifactKind, Execution, Project
 from evaluations.runner.llm_faults import parse_llm_faults, select_fault
+from tests.evaluations.execution_helpers import run_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = ROOT / "examples" / "agents"
-WORKER = "chaos-e2e:1"
 
 # The model's scripted behaviour. First matching rule wins; each rule stands for a way a
 # real model reacts: it obeys injected instructions, it notices unreadable data, ...
@@ -253,24 +253,6 @@ def project() -> Project:
     return services.project_default()
 
 
-def _complete_run(
-    project: Project, source: str, spec_dir: Path, **options: Any
-) -> tuple[Run, dict[str, Execution]]:
-    version = services.spec_version_create(project=project, source_yaml=source)
-    run = services.run_create(
-        spec_version=version,
-        trigger=Trigger.CLI,
-        spec_dir=str(spec_dir),
-        enqueue=False,
-        **options,
-    )
-    for execution_id in services.run_plan(run_id=run.pk):
-        services.execution_execute(execution_id=execution_id, worker=WORKER)
-    services.run_finalize_if_done(run_id=run.pk)
-    run.refresh_from_db()
-    return run, {e.scenario: e for e in Execution.objects.filter(run=run)}
-
-
 def _trace(execution: Execution) -> dict[str, Any]:
     stored = Artifact.objects.get(execution=execution, kind=ArtifactKind.TRACE)
     with default_storage.open(stored.file.name) as handle:
@@ -280,7 +262,8 @@ def _trace(execution: Execution) -> dict[str, Any]:
 def test_support_agent_through_every_fault_matches_the_hand_computed_matrix(
     project: Project,
 ) -> None:
-    run, executions = _complete_run(project, SUPPORT_SPEC, AGENTS, seed=_rate_limit_seed())
+    run = run_spec(project, SUPPORT_SPEC, spec_dir=AGENTS, seed=_rate_limit_seed())
+    executions = {e.scenario: e for e in Execution.objects.filter(run=run)}
     assert set(executions) == set(EXPECTED_MATRIX)
 
     for scenario, expected in EXPECTED_OUTPUT.items():
@@ -389,7 +372,7 @@ def test_finance_contract_runs_end_to_end_with_the_hand_computed_resilience(
     spec_path = ROOT / "examples" / "specs" / "finance-agent.yaml"
     # The spec as shipped; only the agent's port is the free one the test's server took.
     source = spec_path.read_text().replace("127.0.0.1:8765", f"127.0.0.1:{finance_agent}")
-    run, _ = _complete_run(project, source, spec_path.parent, replicas=1)
+    run = run_spec(project, source, spec_dir=spec_path.parent, replicas=1)
     cells = {(c["invariant_id"], c["scenario"]): c["passed"] for c in run.summary["matrix"]}
     failing = sorted(key for key, passed in cells.items() if not passed)
     assert failing == FINANCE_FAILING, failing

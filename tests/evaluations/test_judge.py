@@ -10,8 +10,6 @@ import json
 import os
 import socket
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +18,12 @@ import pytest
 from checks.judge_client import JUDGE_PROMPT_VERSION, JudgeClient, JudgeSettings
 from evaluations import services
 from evaluations.judge import DatabaseJudgeCache, judge_block, judge_for_run, scripted_rules
-from evaluations.models import CheckResult, JudgeCacheEntry, Project, Run, RunStatus, Trigger
+from evaluations.models import CheckResult, JudgeCacheEntry, Project, Run, RunStatus
 from evaluations.runner.scripted import ScriptedServer
+from tests.cli_helpers import embedded_env, run_keystone
+from tests.evaluations.execution_helpers import run_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WORKER = "test-worker:judge"
 
 JUDGED_SPEC = """\
 version: 1
@@ -90,19 +89,6 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def run_spec(project: Project, source: str, **options: Any) -> Run:
-    """Plan, execute and finalize a run in this process, as `keystone run` does without a broker."""
-    version = services.spec_version_create(project=project, source_yaml=source)
-    run = services.run_create(
-        spec_version=version, trigger=Trigger.CLI, enqueue=False, spec_dir=str(REPO_ROOT), **options
-    )
-    for execution_id in services.run_plan(run_id=run.pk):
-        assert services.execution_execute(execution_id=execution_id, worker=WORKER)
-    services.run_finalize_if_done(run_id=run.pk)
-    run.refresh_from_db()
-    return run
 
 
 def judge_rows(run: Run) -> dict[str, CheckResult]:
@@ -202,7 +188,7 @@ def test_runs_without_judge_checks_get_no_judge(project: Project) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_in_process_run_stores_judge_verdicts_caches_them_and_bypasses_on_request() -> None:
     project = services.project_default()
-    run = run_spec(project, JUDGED_SPEC)
+    run = run_spec(project, JUDGED_SPEC, spec_dir=REPO_ROOT)
     assert run.status == RunStatus.COMPLETED and run.exit_code == 0, run.summary
     rows = judge_rows(run)
     assert set(rows) == {"tone", "amount"}
@@ -229,7 +215,7 @@ def test_in_process_run_stores_judge_verdicts_caches_them_and_bypasses_on_reques
     assert JudgeCacheEntry.objects.count() == 2
 
     # The same spec again: both verdicts come from the database cache.
-    again = run_spec(project, JUDGED_SPEC)
+    again = run_spec(project, JUDGED_SPEC, spec_dir=REPO_ROOT)
     cached = judge_rows(again)
     assert cached["tone"].details["judge"]["cached"] is True
     assert cached["amount"].details["judge"]["cached"] is True
@@ -237,7 +223,7 @@ def test_in_process_run_stores_judge_verdicts_caches_them_and_bypasses_on_reques
     assert sorted(JudgeCacheEntry.objects.values_list("hits", flat=True)) == [1, 1]
 
     # A run that bypasses the cache asks the judge again and leaves the cache alone.
-    fresh = run_spec(project, JUDGED_SPEC, judge_cache=False)
+    fresh = run_spec(project, JUDGED_SPEC, spec_dir=REPO_ROOT, judge_cache=False)
     assert fresh.options["judge_cache"] is False
     assert all(not r.details["judge"]["cached"] for r in judge_rows(fresh).values())
     assert sorted(JudgeCacheEntry.objects.values_list("hits", flat=True)) == [1, 1]
@@ -248,7 +234,7 @@ def test_in_process_run_stores_judge_verdicts_caches_them_and_bypasses_on_reques
 def test_judge_without_credentials_marks_the_run_and_exits_3() -> None:
     project = services.project_default()
     os.environ.pop("KEYSTONE_TEST_UNSET_KEY", None)
-    run = run_spec(project, openai_spec(api_key_env="KEYSTONE_TEST_UNSET_KEY"))
+    run = run_spec(project, openai_spec(api_key_env="KEYSTONE_TEST_UNSET_KEY"), spec_dir=REPO_ROOT)
     row = judge_rows(run)["tone"]
     assert row.failure_code == "PROVIDER_AUTH_FAILED" and row.source == "judge"
     assert row.details["judge"]["error_code"] == "PROVIDER_AUTH_FAILED"
@@ -264,24 +250,10 @@ def test_judge_without_credentials_marks_the_run_and_exits_3() -> None:
 def test_cli_exits_3_when_the_judge_endpoint_is_unreachable(tmp_path: Path) -> None:
     spec = tmp_path / "judged.yaml"
     spec.write_text(openai_spec(base_url=f"http://127.0.0.1:{closed_port()}/v1"))
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE", "CI"}
-    }
-    env.update(
-        KEYSTONE_HOME=str(tmp_path / "home"),
-        KEYSTONE_JUDGE_MAX_RETRIES="1",
-        KEYSTONE_JUDGE_BACKOFF="0.01",
+    env = embedded_env(
+        tmp_path / "home", KEYSTONE_JUDGE_MAX_RETRIES="1", KEYSTONE_JUDGE_BACKOFF="0.01"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--no-judge-cache"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = run_keystone("run", str(spec), "--no-judge-cache", env=env, timeout=180)
     described = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert result.returncode == 3, described
     assert "judge provider error in tone: PROVIDER_ERROR" in result.stdout, described

@@ -10,25 +10,22 @@ the embedded SQLite default.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from checks.planning import PlannedExecution, execution_seed
 from evaluations import services
-from evaluations.models import CheckResult, Execution, ExecutionStatus, Project, Run, Trigger
+from evaluations.models import CheckResult, Execution, ExecutionStatus, Project, Trigger
 from evaluations.runner.mutations import generate_mutations
 from evaluations.runner.replay import load_session
+from tests.cli_helpers import embedded_env, run_keystone
+from tests.evaluations.execution_helpers import run_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-WORKER = "pillar-test:1"
 PROMPT = "Refund order 1042 for the customer"
 
 AGENT_SCRIPT = """\
@@ -97,32 +94,16 @@ def project() -> Project:
     return services.project_default()
 
 
-def _run(project: Project, source: str, spec_dir: Path, **options: Any) -> Run:
-    version = services.spec_version_create(project=project, source_yaml=source)
-    run = services.run_create(
-        spec_version=version,
-        trigger=Trigger.CLI,
-        spec_dir=str(spec_dir),
-        enqueue=False,
-        **options,
-    )
-    for execution_id in services.run_plan(run_id=run.pk):
-        services.execution_execute(execution_id=execution_id, worker=WORKER)
-    services.run_finalize_if_done(run_id=run.pk)
-    run.refresh_from_db()
-    return run
-
-
 def test_mutations_and_replay_sessions_run_and_score_into_their_pillars(
     project: Project, spec_dir: Path
 ) -> None:
     # A first run gives the execution that the second run's `{execution: N}` replays.
-    first = _run(project, SPEC.replace("mutations:", "# mutations:"), spec_dir)
+    first = run_spec(project, SPEC.replace("mutations:", "# mutations:"), spec_dir=spec_dir)
     [recorded] = Execution.objects.filter(run=first)
     assert '{"state": "paid"}' in recorded.final_output
 
     source = SPEC + REPLAY_BLOCK.replace("EXECUTION_ID", str(recorded.pk))
-    run = _run(project, source, spec_dir)
+    run = run_spec(project, source, spec_dir=spec_dir)
     executions = list(Execution.objects.filter(run=run).order_by("id"))
     by_pillar: dict[str, list[Execution]] = {}
     for execution in executions:
@@ -203,7 +184,7 @@ def test_same_run_seed_injects_the_same_faults_and_another_seed_others(
     )
 
     def pattern(seed: int) -> list[bool]:
-        run = _run(project, source, spec_dir, seed=seed)
+        run = run_spec(project, source, spec_dir=spec_dir, seed=seed)
         rows = Execution.objects.filter(run=run).order_by("replica")
         return ["tool error 503" in e.final_output for e in rows]
 
@@ -217,20 +198,7 @@ def test_same_run_seed_injects_the_same_faults_and_another_seed_others(
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE", "CI"}
-    }
-    env["KEYSTONE_HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "evaluations.cli", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_keystone(*args, env=embedded_env(home))
 
 
 def test_cli_prints_every_pillar_and_reports_carry_them_then_exports_failures(
@@ -297,6 +265,6 @@ def test_cli_prints_every_pillar_and_reports_carry_them_then_exports_failures(
 def test_scenario_filter_leaves_the_mutation_and_replay_pillars_out(
     project: Project, spec_dir: Path
 ) -> None:
-    run = _run(project, SPEC, spec_dir, scenarios=["no-chaos"])
+    run = run_spec(project, SPEC, spec_dir=spec_dir, scenarios=["no-chaos"])
     assert list(Execution.objects.filter(run=run).values_list("pillar", flat=True)) == ["contract"]
     assert Execution.objects.get(run=run).status == ExecutionStatus.SUCCESS

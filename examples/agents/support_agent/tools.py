@@ -13,7 +13,20 @@ ORDERS: dict[int, dict[str, Any]] = {
     1042: {"state": "shipped", "order_id": 1042, "carrier": "DHL"},
     7: {"state": "paid", "order_id": 7, "carrier": None},
 }
-TICKETS: dict[str, dict[str, Any]] = {"T-19": {"ticket_id": "T-19", "status": "open"}}
+TICKETS_AT_START: dict[str, dict[str, Any]] = {
+    "T-19": {"ticket_id": "T-19", "status": "open", "customer_id": 77, "confirmed": True},
+    "T-7": {"ticket_id": "T-7", "status": "open", "customer_id": 77, "invoice": "INV-3"},
+}
+TICKETS: dict[str, dict[str, Any]] = {}
+
+
+def reset_tickets() -> None:
+    """Put the tickets back as they were (a spec's `reset_function`)."""
+    TICKETS.clear()
+    TICKETS.update({key: dict(ticket) for key, ticket in TICKETS_AT_START.items()})
+
+
+reset_tickets()
 
 
 def lookup_order(order_id: int) -> dict[str, Any]:

@@ -35,8 +35,8 @@ from evaluations.models import (
     Run,
     RunStatus,
     SpecVersion,
-    Trigger,
 )
+from tests.evaluations.execution_helpers import run_spec
 
 ROLES = ("viewer", "reviewer", "editor", "admin")
 PASSWORD = "pw-dash-123"
@@ -139,8 +139,6 @@ invariants:
 replicas: 2
 """
 
-WORKER = "dash-tests:1"
-
 
 def storage_settings(root: Path) -> dict[str, Any]:
     from django.conf import settings
@@ -156,15 +154,6 @@ def storage_settings(root: Path) -> dict[str, Any]:
             },
         },
     }
-
-
-def execute_run(run: Run) -> Run:
-    """Plan and execute every execution in this process, as `keystone run` does."""
-    for execution_id in services.run_plan(run_id=run.pk):
-        services.execution_execute(execution_id=execution_id, worker=WORKER)
-    services.run_finalize_if_done(run_id=run.pk)
-    run.refresh_from_db()
-    return run
 
 
 @dataclass
@@ -204,16 +193,14 @@ def real_world(tmp: Path, prefix: str) -> Iterator[World]:
         users["outsider"] = user_model.objects.create_user(f"{prefix}-outsider", password=PASSWORD)
         Membership.objects.create(project=other, user=users["outsider"], role=Role.ADMIN)
         with override_settings(**storage_settings(artifact_root)):
-            version = services.spec_version_create(project=mine, source_yaml=DASH_SPEC)
-            run = services.run_create(
-                spec_version=version,
-                trigger=Trigger.CLI,
+            run = run_spec(
+                mine,
+                DASH_SPEC,
+                spec_dir=spec_dir,
                 labels={"branch": "main", "team": "orders"},
-                spec_dir=str(spec_dir),
                 seed=42,
-                enqueue=False,
             )
-            execute_run(run)
+            version = run.spec_version
             other_version = services.spec_version_create(project=other, source_yaml=DASH_SPEC)
             other_run = Run.objects.create(
                 project=other, spec_version=other_version, status=RunStatus.QUEUED

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import html as html_lib
 import json
-import os
 import re
 import shlex
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,12 +38,11 @@ from evaluations.models import (
     Run,
     RunStatus,
 )
+from tests.cli_helpers import embedded_env, run_keystone
 
 from .run_data import World, real_world, storage_settings, synthetic_run, synthetic_version
 
 pytestmark = pytest.mark.django_db
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -413,20 +410,7 @@ def test_another_projects_execution_and_artifact_are_404_under_this_slug(world: 
 
 
 def _keystone(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE", "CI"}
-    }
-    env["KEYSTONE_HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "evaluations.cli", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return run_keystone(*args, env=embedded_env(home), timeout=180)
 
 
 def test_reproducer_command_reruns_exactly_that_execution(world: World, tmp_path: Path) -> None:

@@ -23,10 +23,10 @@ from django.utils import timezone
 
 from evaluations import services
 from evaluations.models import Execution, ExecutionStatus, Run, RunStatus
+from tests.evaluations.execution_helpers import execute_run
 
 from .run_data import (
     World,
-    execute_run,
     real_world,
     storage_settings,
     synthetic_run,
