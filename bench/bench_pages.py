@@ -209,7 +209,8 @@ def _seed_history(project: Any) -> None:
         "run_id", "project_id", "key", "scenario", "prompt_index", "prompt", "replica",
         "attempt", "pillar", "mutation_type", "status", "composite", "passed", "claimed_by",
         "started", "finished", "duration_ms", "cost_usd", "input_tokens", "output_tokens",
-        "tool_call_count", "final_output", "error", "plan", "forbidden_violations", "created",
+        "tool_call_count", "tool_error_count", "final_output", "error", "plan",
+        "forbidden_violations", "created",
     ]  # fmt: skip
     table = Execution._meta.db_table
     with connection.cursor() as cursor, transaction.atomic():
@@ -225,7 +226,7 @@ def _seed_history(project: Any) -> None:
                             scenario, prompt, f"prompt {prompt}", replica, 1, "contract", "",
                             "success", 1.0 if passed else 0.4, passed, "",
                             run.started, run.finished, rng.uniform(200, 4000),
-                            rng.uniform(0.0001, 0.01), 900, 120, 3,
+                            rng.uniform(0.0001, 0.01), 900, 120, 3, 0,
                             "ok " * 20, "", Jsonb({}), Jsonb([]), run.created,
                         )
                     )  # fmt: skip
