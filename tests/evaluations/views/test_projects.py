@@ -165,7 +165,7 @@ def test_overview_trend_charts_carry_each_specs_runs(two_projects, client_as, ma
 
 def test_overview_without_runs_shows_empty_states(two_projects, client_as):
     html = client_as("viewer").get(reverse("overview", args=["mine"])).content.decode()
-    assert "No runs yet." in html and "No completed runs yet." in html
+    assert "No runs yet." in html and "No data yet: no completed run has a value for this." in html
     assert "application/json" not in html
 
 
