@@ -451,10 +451,18 @@ def execution_release(*, execution_id: int, worker: str) -> None:
 def harness_config(run: Run) -> Any:
     from evaluations.runner.harness import HarnessConfig
 
-    spec_dir = run.options.get("spec_dir") or str(settings.KEYSTONE_HOME)
+    spec_dir = run.options.get("spec_dir") or ""
+    if not spec_dir:
+        # A spec written in the browser has no directory of its own. Its relative files
+        # resolve in an empty stand-in, never in the server's own state (KEYSTONE_HOME
+        # holds the database and artifacts).
+        stand_in = Path(settings.KEYSTONE_WORK_DIR) / "spec-without-directory"
+        stand_in.mkdir(parents=True, exist_ok=True)
+        spec_dir = str(stand_in)
     return HarnessConfig(
         workspaces_root=Path(settings.KEYSTONE_WORK_DIR),
         spec_dir=Path(spec_dir),
+        confine_to_spec_dir=not run.options.get("spec_dir"),
         sandbox_backend=settings.KEYSTONE_SANDBOX_BACKEND or None,
         postgres_url=settings.KEYSTONE_POSTGRES_URL or None,
         mysql_url=settings.KEYSTONE_MYSQL_URL or None,

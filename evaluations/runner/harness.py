@@ -42,6 +42,9 @@ class HarnessConfig:
 
     workspaces_root: Path
     spec_dir: Path
+    # True for specs written in the browser: their spec_dir is an empty stand-in, and
+    # `sandbox.workspace` may not reach outside it (it would copy the server's files in).
+    confine_to_spec_dir: bool = False
     sandbox_backend: str | None = None
     postgres_url: str | None = None
     mysql_url: str | None = None
@@ -96,6 +99,7 @@ def run_execution(
         spec_dir=config.spec_dir,
         source_dir=sandbox_conf.get("workspace"),
         files=sandbox_conf.get("files"),
+        allow_outside_spec_dir=not config.confine_to_spec_dir,
     )
     started = time.time()
     try:

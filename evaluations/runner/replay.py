@@ -194,7 +194,8 @@ def plan_sessions(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The spec's `replay.sessions` as plan_run takes them (exported dicts), and warnings.
 
-    `{execution: N}` is looked up with `from_execution` (the caller knows the database). A
+    `{execution: N}` is looked up with `from_execution` (the caller knows the database); with
+    no `base_dir` (a spec written in the browser) file sessions are refused. A
     session that cannot be loaded is left out with a warning naming it, so the run still
     says what was not replayed instead of failing whole.
     """
@@ -211,6 +212,16 @@ def plan_sessions(
                         "(or it kept no artifact); session not replayed"
                     )
                     continue
+            elif base_dir is None and (
+                isinstance(entry, str) or (isinstance(entry, dict) and "file" in entry)
+            ):
+                # A spec typed in the browser has no directory: a path would be read from
+                # wherever the server runs, so files are refused rather than guessed.
+                warnings.append(
+                    f"{where}: a replay file needs a spec read from a directory on the server "
+                    "(use an inline session or {execution: N}); session not replayed"
+                )
+                continue
             else:
                 session = load_session(entry, base_dir=base_dir)
         except (ReplayFormatError, ValueError, TypeError) as exc:

@@ -29,6 +29,7 @@ def create_workspace(
     spec_dir: Path,
     source_dir: str | None = None,
     files: dict[str, str] | None = None,
+    allow_outside_spec_dir: bool = True,
 ) -> Path:
     """A fresh, unique directory under `root` holding the spec's `sandbox.workspace` copy
     and `sandbox.files`, plus an empty `.keystone/` for Keystone's own files."""
@@ -36,8 +37,13 @@ def create_workspace(
     workspace = Path(tempfile.mkdtemp(prefix="ws-", dir=root)).resolve()
     try:
         if source_dir:
+            # A spec file on the server may name a sibling directory (`../agents`): the
+            # operator laid those files out. A spec typed in the browser may not.
             source = _inside(
-                spec_dir.resolve(), source_dir, what="sandbox.workspace", allow_outside=True
+                spec_dir.resolve(),
+                source_dir,
+                what="sandbox.workspace",
+                allow_outside=allow_outside_spec_dir,
             )
             if not source.is_dir():
                 raise WorkspaceError(
@@ -60,7 +66,7 @@ def _inside(base: Path, relative: str, *, what: str, allow_outside: bool = False
     """`base / relative`, refusing paths that leave `base` (sandbox.files must stay inside)."""
     candidate = (base / relative).resolve()
     if not allow_outside and candidate != base and base not in candidate.parents:
-        raise WorkspaceError(f"{what} path {relative!r} leaves the workspace")
+        raise WorkspaceError(f"{what} path {relative!r} leaves {base}")
     return candidate
 
 

@@ -56,7 +56,7 @@ def test_workspace_without_source_holds_only_keystone_dir(tmp_path: Path, spec_d
 
 
 def test_inline_files_may_not_leave_the_workspace(tmp_path: Path, spec_dir: Path) -> None:
-    with pytest.raises(WorkspaceError, match="leaves the workspace"):
+    with pytest.raises(WorkspaceError, match="leaves"):
         create_workspace(tmp_path / "root", spec_dir=spec_dir, files={"../escaped.txt": "x"})
     assert not (tmp_path / "root" / "escaped.txt").exists()
     assert list((tmp_path / "root").iterdir()) == []  # the half-made workspace is removed
