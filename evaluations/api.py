@@ -1,13 +1,111 @@
-"""The evaluations router of the API, mounted at /api/ by keystone_web/api.py."""
+"""The evaluations router of the API, mounted at /api/ by keystone_web/api.py.
+
+Machines (CI jobs) send `Authorization: Bearer ks_...`: a token belongs to one project and
+acts there with its user's role, nowhere else. The browser uses its session (with CSRF).
+Like the dashboard, someone outside a project gets a 404 for anything in it and a member
+whose role is too low gets a 403.
+"""
 
 from __future__ import annotations
 
-from django.conf import settings
-from django.db import connection
-from django.http import HttpRequest
-from ninja import Router, Schema
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
 
-router = Router(tags=["evaluations"])
+from django.conf import settings
+from django.core.exceptions import PermissionDenied
+from django.db import connection
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.utils import timezone
+from ninja import Field, Query, Router, Schema, Status
+from ninja.security import HttpBearer, django_auth
+
+from checks import reporters
+from evaluations import selectors, services
+from evaluations.models import (
+    ROLE_RANK,
+    ApiToken,
+    Project,
+    Role,
+    Run,
+    RunStatus,
+    Spec,
+    SpecVersion,
+    Trigger,
+)
+
+RUN_REPLICAS_MAX = 100
+
+
+class ApiInputError(ValueError):
+    """A request the schema accepted but the domain refuses (an unknown version, scenario,
+    cursor...); answered 422 with the field named (keystone_web/api.py)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+class ProjectTokenAuth(HttpBearer):
+    """`Authorization: Bearer ks_...`, looked up by its hash; a revoked or unknown token is
+    no credential at all (401)."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
+        return ApiToken.find_active(token)
+
+
+router = Router(tags=["evaluations"], auth=[ProjectTokenAuth(), django_auth])
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who acts in the project and with which role."""
+
+    project: Project
+    user: Any
+    role: Role
+
+
+def _caller(request: HttpRequest, slug: str, minimum: Role) -> Caller:
+    credential = request.auth  # type: ignore[attr-defined]
+    user: Any
+    if isinstance(credential, ApiToken):
+        # A token reaches its own project only: another project is as unknown as a missing one.
+        if credential.project.slug != slug:
+            raise Http404("No such project.")
+        project, user = credential.project, credential.user
+    else:
+        project = get_object_or_404(Project, slug=slug)
+        user = request.user
+    role = project.role_of(user)
+    if role is None:
+        raise Http404("No such project.")
+    if ROLE_RANK[role] < ROLE_RANK[minimum]:
+        raise PermissionDenied(f"This needs the {minimum.label.lower()} role in {project.slug}.")
+    return Caller(project=project, user=user, role=role)
+
+
+def _run(caller: Caller, run_id: int) -> Run:
+    run = selectors.run_in_project(caller.project, run_id)
+    if run is None:
+        raise Http404("No such run in this project.")
+    return run
+
+
+def _run_api_url(request: HttpRequest, run: Run) -> str:
+    return request.build_absolute_uri(
+        reverse("api:run_detail", kwargs={"slug": run.project.slug, "run_id": run.pk})
+    )
+
+
+def _run_web_url(request: HttpRequest, run: Run) -> str:
+    return request.build_absolute_uri(reverse("run_detail", args=[run.project.slug, run.pk]))
+
+
+# --- Health -------------------------------------------------------------------------------
 
 
 class HealthOut(Schema):
@@ -24,3 +122,240 @@ def health(request: HttpRequest) -> HealthOut:
         cursor.fetchone()
     tasks = "in-process" if settings.CELERY_TASK_ALWAYS_EAGER else "broker"
     return HealthOut(status="ok", database=connection.vendor, tasks=tasks)
+
+
+# --- Specs --------------------------------------------------------------------------------
+
+
+class SpecUploadIn(Schema):
+    source_yaml: str
+
+
+class SpecUploadOut(Schema):
+    spec: str
+    version: int
+    created: bool
+
+
+@router.post(
+    "/projects/{slug}/specs", response={200: SpecUploadOut, 201: SpecUploadOut}, url_name="specs"
+)
+def spec_upload(request: HttpRequest, slug: str, payload: SpecUploadIn) -> Status[SpecUploadOut]:
+    """Store a spec's text: 201 with version N+1, or 200 when the text is the latest
+    version already. An invalid text is a 422 listing every error with its line."""
+    caller = _caller(request, slug, Role.EDITOR)
+    source = payload.source_yaml.replace("\r\n", "\n")
+    started = timezone.now()
+    version = services.spec_version_create(
+        project=caller.project, source_yaml=source, author=caller.user
+    )
+    created = version.created >= started
+    out = SpecUploadOut(spec=version.spec.slug, version=version.number, created=created)
+    return Status(201 if created else 200, out)
+
+
+class RunCreateIn(Schema):
+    version: int | None = None
+    replicas: int | None = Field(default=None, ge=1, le=RUN_REPLICAS_MAX)
+    scenarios: list[str] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class RunCreatedOut(Schema):
+    id: int
+    status: str
+    url: str  # the run in this API, to poll
+    web_url: str  # the run's page in the dashboard
+
+
+@router.post(
+    "/projects/{slug}/specs/{spec_slug}/runs",
+    response={202: RunCreatedOut},
+    url_name="spec_runs",
+)
+def run_start(
+    request: HttpRequest, slug: str, spec_slug: str, payload: RunCreateIn
+) -> Status[RunCreatedOut]:
+    """Queue a run of the spec's latest version (or `version`); workers execute it."""
+    caller = _caller(request, slug, Role.EDITOR)
+    spec = get_object_or_404(Spec, project=caller.project, slug=spec_slug)
+    if payload.version is not None:
+        version = SpecVersion.objects.filter(spec=spec, number=payload.version).first()
+        if version is None:
+            raise ApiInputError("version", f"{spec.slug} has no version {payload.version}")
+    else:
+        version = selectors.spec_latest_version(spec)
+        if version is None:
+            raise ApiInputError("version", f"{spec.slug} has no version to run")
+    try:
+        run = services.run_create(
+            spec_version=version,
+            trigger=Trigger.API,
+            labels=payload.labels,
+            replicas=payload.replicas,
+            scenarios=payload.scenarios or None,
+            created_by=caller.user,
+        )
+    except ValueError as exc:  # an unknown scenario name
+        raise ApiInputError("scenarios", str(exc)) from None
+    out = RunCreatedOut(
+        id=run.pk,
+        status=run.status,
+        url=_run_api_url(request, run),
+        web_url=_run_web_url(request, run),
+    )
+    return Status(202, out)
+
+
+# --- Runs ---------------------------------------------------------------------------------
+
+
+class RunOut(Schema):
+    id: int
+    spec: str
+    version: int
+    status: str
+    composite: float | None
+    pass_rate: float | None
+    resilience: float | None
+    overall: float | None
+    gate_passed: bool | None
+    exit_code: int | None
+    cost_usd: float | None
+    created: datetime
+
+
+class RunListOut(Schema):
+    items: list[RunOut]
+    next_cursor: str | None
+
+
+class RunListQuery(Schema):
+    spec: str = ""
+    status: str = ""
+    branch: str = ""
+    cursor: str = ""
+    limit: int = Field(default=selectors.RUN_PAGE_SIZE, ge=1, le=selectors.RUN_PAGE_SIZE)
+
+
+def _run_out(run: Run) -> RunOut:
+    return RunOut(
+        id=run.pk,
+        spec=run.spec.slug,
+        version=run.spec_version.number,
+        status=run.status,
+        composite=run.composite,
+        pass_rate=run.pass_rate,
+        resilience=run.resilience,
+        overall=run.overall,
+        gate_passed=run.gate_passed,
+        exit_code=run.exit_code,
+        cost_usd=run.cost_usd,
+        created=run.created,
+    )
+
+
+@router.get("/projects/{slug}/runs", response=RunListOut, url_name="runs")
+def run_list(request: HttpRequest, slug: str, query: Query[RunListQuery]) -> RunListOut:
+    """The project's runs, newest first, a page at a time: pass `next_cursor` back as
+    `cursor` for the next page (null on the last)."""
+    caller = _caller(request, slug, Role.VIEWER)
+    if query.status and query.status not in RunStatus.values:
+        raise ApiInputError("status", f"expected one of {', '.join(RunStatus.values)}")
+    after = None
+    if query.cursor:
+        try:
+            after = selectors.RunCursor.decode(query.cursor)
+        except ValueError as exc:
+            raise ApiInputError("cursor", str(exc)) from None
+    filters = selectors.RunFilters(spec=query.spec, status=query.status, branch=query.branch)
+    page = selectors.run_page(caller.project, filters, after=after, size=query.limit)
+    return RunListOut(
+        items=[_run_out(run) for run in page.runs],
+        next_cursor=page.next_cursor.encode() if page.next_cursor else None,
+    )
+
+
+class ProgressOut(Schema):
+    executions_done: int
+    execution_count: int
+
+
+class RunDetailOut(RunOut):
+    trigger: str
+    labels: dict[str, str]
+    branch: str
+    git_sha: str
+    verdict: str | None
+    started: datetime | None
+    finished: datetime | None
+    progress: ProgressOut
+    pillar_scores: dict[str, float | None]
+    gates: list[dict[str, Any]]
+    warnings: list[str]
+    url: str
+
+
+@router.get("/projects/{slug}/runs/{run_id}", response=RunDetailOut, url_name="run_detail")
+def run_detail(request: HttpRequest, slug: str, run_id: int) -> RunDetailOut:
+    """One run: its scores, gates and pillar scores once finalised, and its progress."""
+    caller = _caller(request, slug, Role.VIEWER)
+    found = selectors.run_for_page(caller.project, run_id)
+    if found is None:
+        raise Http404("No such run in this project.")
+    run, summary = found
+    return RunDetailOut(
+        **_run_out(run).dict(),
+        trigger=run.trigger,
+        labels=run.labels,
+        branch=run.branch,
+        git_sha=run.git_sha,
+        verdict=summary.get("verdict"),
+        started=run.started,
+        finished=run.finished,
+        progress=ProgressOut(
+            executions_done=run.executions_done, execution_count=run.execution_count
+        ),
+        pillar_scores=summary.get("pillar_scores") or {},
+        gates=summary.get("gates") or [],
+        warnings=list(run.warnings or []),
+        url=_run_web_url(request, run),
+    )
+
+
+REPORT_FORMATS = {
+    "json": (reporters.render_json, "application/json"),
+    "junit": (reporters.render_junit, "application/xml"),
+    "md": (reporters.render_markdown, "text/markdown; charset=utf-8"),
+}
+
+
+@router.get("/projects/{slug}/runs/{run_id}/report", url_name="run_report")
+def run_report(
+    request: HttpRequest,
+    slug: str,
+    run_id: int,
+    format: Literal["json", "junit", "md"] = "json",  # noqa: A002 (the query parameter's name)
+) -> HttpResponse:
+    """The run's report as `keystone run` writes it, scored from the stored results."""
+    caller = _caller(request, slug, Role.VIEWER)
+    run = _run(caller, run_id)
+    render, content_type = REPORT_FORMATS[format]
+    return HttpResponse(render(selectors.run_report(run)), content_type=content_type)
+
+
+class RunCancelOut(Schema):
+    id: int
+    status: str
+
+
+@router.post(
+    "/projects/{slug}/runs/{run_id}/cancel", response={202: RunCancelOut}, url_name="run_cancel"
+)
+def run_cancel(request: HttpRequest, slug: str, run_id: int) -> Status[RunCancelOut]:
+    """Stop the run (nothing pending starts); a run that had ended keeps its status."""
+    caller = _caller(request, slug, Role.EDITOR)
+    run = _run(caller, run_id)
+    services.run_cancel(run_id=run.pk)
+    status = Run.objects.values_list("status", flat=True).get(pk=run.pk)
+    return Status(202, RunCancelOut(id=run.pk, status=status))

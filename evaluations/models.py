@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -101,6 +102,7 @@ class Membership(models.Model):
 
 
 TOKEN_PREFIX = "ks_"
+TOKEN_LAST_USED_PRECISION_SECONDS = 60
 
 
 class ApiToken(models.Model):
@@ -144,12 +146,22 @@ class ApiToken(models.Model):
 
     @classmethod
     def find_active(cls, raw: str) -> ApiToken | None:
-        """The live token matching a raw value. Looked up by its hash, so no raw token is compared."""
-        return (
+        """The live token matching a raw value. Looked up by its hash, so no raw token is compared.
+        Marks it used; at most one write a minute per token, so busy CI jobs don't write each call."""
+        token = (
             cls.objects.select_related("project", "user")
             .filter(token_hash=cls.hash_token(raw), revoked=False, user__is_active=True)
             .first()
         )
+        if token is not None:
+            now = timezone.now()
+            stale = now - timedelta(seconds=TOKEN_LAST_USED_PRECISION_SECONDS)
+            if token.last_used is None or token.last_used < stale:
+                cls.objects.filter(pk=token.pk).filter(
+                    Q(last_used__isnull=True) | Q(last_used__lt=stale)
+                ).update(last_used=now)
+                token.last_used = now
+        return token
 
 
 # --- Specs ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from checks.scoring import score_run
 from checks.spec.model import Spec as EngineSpec
 from evaluations.agreement import Pair, agreement, agreement_trend, cohen_kappa
 from evaluations.models import (
+    ApiToken,
     Artifact,
     Baseline,
     CheckResult,
@@ -152,6 +153,19 @@ def project_members(project: Project) -> list[Membership]:
         .select_related("user")
         .only("id", "role", "created", "user", "user__username", "user__is_active")
         .order_by("user__username")
+    )
+
+
+API_TOKENS_SHOWN = 200
+
+
+def project_api_tokens(project: Project, *, limit: int = API_TOKENS_SHOWN) -> list[ApiToken]:
+    """The project's tokens for the settings page, newest first, without their hashes."""
+    return list(
+        ApiToken.objects.filter(project=project)
+        .select_related("user")
+        .only("id", "name", "prefix", "created", "last_used", "revoked", "user__username")
+        .order_by("-created", "-id")[:limit]
     )
 
 

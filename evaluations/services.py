@@ -40,6 +40,7 @@ from checks.scoring import score_execution, score_run
 from checks.spec import SpecValidationError, validate_spec_text
 from checks.spec.model import Spec as EngineSpec
 from evaluations.models import (
+    ApiToken,
     Artifact,
     ArtifactKind,
     Baseline,
@@ -1765,3 +1766,35 @@ def _baseline_data(run: Run) -> dict[str, Any]:
         "metrics": run.summary.get("metrics") or {},
         "groups": groups,
     }
+
+
+# --- API tokens ---------------------------------------------------------------------------
+
+API_TOKEN_NAME_MAX = 100
+
+
+class TokenError(ValueError):
+    """A token that cannot be issued or revoked; the message says why."""
+
+
+def token_issue(*, project: Project, user: Any, name: str) -> tuple[ApiToken, str]:
+    """A token acting in `project` with `user`'s role there, and its raw value, which is
+    shown once and never stored (only its hash is)."""
+    name = name.strip()
+    if not name:
+        raise TokenError("name: give the token a name, e.g. the CI job that uses it")
+    if len(name) > API_TOKEN_NAME_MAX:
+        raise TokenError(f"name: at most {API_TOKEN_NAME_MAX} characters")
+    if project.role_of(user) is None:
+        raise TokenError(f"{user} is not a member of {project.name}")
+    return ApiToken.issue(project=project, user=user, name=name)
+
+
+def token_revoke(*, project: Project, token_id: int) -> ApiToken:
+    """Revoke one of the project's tokens; it stops working at once (revoking twice is fine)."""
+    token = ApiToken.objects.filter(project=project, pk=token_id).first()
+    if token is None:
+        raise TokenError("no such token in this project")
+    ApiToken.objects.filter(pk=token.pk).update(revoked=True)
+    token.revoked = True
+    return token

@@ -13,6 +13,7 @@ urlpatterns = [
     path("p/<slug:project_slug>/", projects.overview, name="overview"),
     path("p/<slug:project_slug>/members/", projects.members, name="members"),
     path("p/<slug:project_slug>/settings/", projects.project_settings, name="project_settings"),
+    path("p/<slug:project_slug>/settings/tokens/", projects.project_tokens, name="project_tokens"),
     # Specs
     path("p/<slug:project_slug>/specs/", specs.spec_list, name="spec_list"),
     path("p/<slug:project_slug>/specs/new/", specs.spec_edit, name="spec_new"),

@@ -304,9 +304,9 @@ class _ToolProxyHandler(BaseHTTPRequestHandler):
         target_url = _join_url(target or f"replay://{tool}", sub_path, parts.query)
 
         call = ToolCall(name=tool, arguments=_arguments(body, parts.query))
+        answer: _Answer | None = None
         try:
             answer, modes = self._answer(tool, call_index, target_url, body)
-            self._send(answer)
             call.response = answer.body.decode("utf-8", "replace")
             call.status = answer.status
             call.error = answer.error
@@ -315,7 +315,11 @@ class _ToolProxyHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         call.fault = "+".join(modes) or None
         call.latency_ms = (time.perf_counter() - started) * 1000
+        # Recorded before the answer leaves: once the agent has its answer it may exit, and
+        # the harness reads the calls at once; a call recorded after sending could be missed.
         self.proxy._record(sequence, call)
+        if answer is not None:
+            self._send(answer)
 
     def _answer(
         self, tool: str, call_index: int, target_url: str, body: bytes

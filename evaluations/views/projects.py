@@ -13,7 +13,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.text import slugify
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for, projects_of
@@ -257,12 +257,74 @@ def project_settings(request: HttpRequest, project_slug: str) -> HttpResponse:
             status = 200 if request.htmx else 400  # type: ignore[attr-defined]
     else:
         form = ReviewPolicyForm(initial=project.review_policy)
-    context = {
-        "access": access,
-        "form": form,
-        "notice": notice,
-        "policy_json": json.dumps(project.review_policy or {}, sort_keys=True),
-        "defaults_json": json.dumps(services.REVIEW_POLICY_DEFAULTS, sort_keys=True),
-    }
+    context = _settings_context(request, access, form=form, notice=notice)
     template = _template(request, "projects/settings.html", "policy-form")
     return render(request, template, context, status=status)
+
+
+def _settings_context(
+    request: HttpRequest,
+    access: ProjectAccess,
+    *,
+    form: ReviewPolicyForm | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    project = access.project
+    return {
+        "access": access,
+        "form": form or ReviewPolicyForm(initial=project.review_policy),
+        "policy_json": json.dumps(project.review_policy or {}, sort_keys=True),
+        "defaults_json": json.dumps(services.REVIEW_POLICY_DEFAULTS, sort_keys=True),
+        "tokens": selectors.project_api_tokens(project),
+        "memberships": selectors.project_members(project),
+        "token_user_id": request.user.pk,
+        **extra,
+    }
+
+
+# --- Settings: API tokens for machines -------------------------------------------------------
+
+
+@login_required
+@require_POST
+def project_tokens(request: HttpRequest, project_slug: str) -> HttpResponse:
+    """Admins issue a token (it acts with the chosen member's role in this project only) or
+    revoke one. A new token's raw value is in this answer only: it is never stored, so the
+    page is rendered here rather than redirected to."""
+    access = project_for(request, project_slug, Role.ADMIN)
+    project = access.project
+    action = request.POST.get("action", "")
+    extra: dict[str, Any] = {"token_error": "", "token_notice": "", "new_token": ""}
+    status = 200
+    try:
+        if action == "issue":
+            user_id = request.POST.get("user", "")
+            member = next(
+                (m.user for m in selectors.project_members(project) if str(m.user_id) == user_id),
+                request.user if not user_id else None,
+            )
+            if member is None:
+                raise services.TokenError("acts as: choose a member of this project")
+            token, raw = services.token_issue(
+                project=project, user=member, name=request.POST.get("name", "")
+            )
+            extra["new_token"] = raw
+            extra["token_notice"] = (
+                f"Token {token.name} issued. Copy it now: it is not shown again."
+            )
+        elif action == "revoke":
+            token_id = request.POST.get("token", "")
+            if not token_id.isdigit():
+                raise services.TokenError("no token was chosen")
+            token = services.token_revoke(project=project, token_id=int(token_id))
+            extra["token_notice"] = f"Token {token.name} revoked."
+        else:
+            raise services.TokenError(f"unknown action {action!r}: issue or revoke")
+    except services.TokenError as exc:
+        extra["token_error"] = str(exc)
+        status = 200 if request.htmx else 400  # type: ignore[attr-defined]
+    context = _settings_context(request, access, **extra)
+    template = _template(request, "projects/settings.html", "api-tokens")
+    response = render(request, template, context, status=status)
+    response["Cache-Control"] = "no-store"  # the raw token must not sit in a cache
+    return response
