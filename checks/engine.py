@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from checks.artifact import RunArtifact
 from checks.context import CheckContext
 from checks.registry import get_check_class
-from checks.results import CheckResult, FailureCode, Outcome
+from checks.results import JUDGE_CHECK_TYPES, CheckResult, FailureCode, Outcome
 from checks.spec.model import Invariant, Scenario
 
 
@@ -40,7 +40,7 @@ def evaluate_invariant(
         weight=invariant.weight,
         gate=invariant.gate,
         dimensions=list(invariant.dimensions),
-        source="judge" if invariant.check_type in ("llm_as_judge", "judge") else "engine",
+        source="judge" if invariant.check_type in JUDGE_CHECK_TYPES else "engine",
     )
 
 
@@ -91,8 +91,8 @@ def evaluate(
     """Evaluate every invariant active in `scenario` (its `when`), judges last so that they
     can take the deterministic outcomes as evidence."""
     active = [inv for inv in invariants if scenario is None or scenario.activates(inv.when)]
-    deterministic = [inv for inv in active if inv.check_type not in ("llm_as_judge", "judge")]
-    judged = [inv for inv in active if inv.check_type in ("llm_as_judge", "judge")]
+    deterministic = [inv for inv in active if inv.check_type not in JUDGE_CHECK_TYPES]
+    judged = [inv for inv in active if inv.check_type in JUDGE_CHECK_TYPES]
     results = [evaluate_invariant(inv, artifact, context) for inv in deterministic]
     context.evidence = [
         {

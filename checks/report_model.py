@@ -209,6 +209,7 @@ class RunMetrics:
     total_cost_usd: float
     cost_per_execution_usd: float | None
     tool_success_rate: float | None
+    judge_mean: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -52,6 +52,9 @@ ERROR_CODES = frozenset(
         FailureCode.PROVIDER_ERROR,
     }
 )
+# The check types whose results come from the LLM judge (source "judge", not "engine").
+JUDGE_CHECK_TYPES = frozenset({"llm_as_judge", "judge"})
+
 PROVIDER_CODES = frozenset(
     {FailureCode.PROVIDER_TIMEOUT, FailureCode.PROVIDER_AUTH_FAILED, FailureCode.PROVIDER_ERROR}
 )

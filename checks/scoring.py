@@ -25,7 +25,7 @@ from checks.report_model import (
     RunMetrics,
     RunSummary,
 )
-from checks.results import PROVIDER_CODES, CheckResult, FailureCode
+from checks.results import JUDGE_CHECK_TYPES, PROVIDER_CODES, CheckResult, FailureCode
 from checks.spec.model import SEVERITY_WEIGHTS, Scenario, Spec
 
 __all__ = [
@@ -67,7 +67,6 @@ EXIT_PROVIDER_ERROR = 3
 EXIT_INTERNAL_ERROR = 4
 
 AGGREGATION_METHODS = ("all", "majority", "any", "mean")
-JUDGE_TYPES = frozenset({"llm_as_judge", "judge"})
 # Float sums such as 0.7 + 0.15 must not fail a threshold they meet on paper.
 EPSILON = 1e-9
 
@@ -421,10 +420,7 @@ def evaluate_gates(
         "keyword_failures_max": _code_count(
             results, lambda c: c.startswith("KEYWORD_"), {"keywords"}, "keyword failures"
         ),
-        "judge_avg_min": (
-            _mean([r.score for r in results if r.check_type in JUDGE_TYPES and not r.is_error]),
-            "mean judge score",
-        ),
+        "judge_avg_min": (judge_mean(records), "mean judge score"),
         "drift_score_max": (
             _max([1.0 - r.score for r in results if _measured_drift(r)]),
             "max drift score",
@@ -529,6 +525,18 @@ def percentile(values: Sequence[float], pct: float) -> float | None:
     return float(ordered[rank - 1])
 
 
+def judge_mean(records: Sequence[ExecutionRecord]) -> float | None:
+    """Mean score of the judge's verdicts; a judge that errored gave no verdict to average."""
+    return _mean(
+        [
+            result.score
+            for record in records
+            for result in record.results
+            if result.check_type in JUDGE_CHECK_TYPES and not result.is_error
+        ]
+    )
+
+
 def run_metrics(
     records: Sequence[ExecutionRecord], groups: Sequence[ReplicaAggregate]
 ) -> RunMetrics:
@@ -545,6 +553,7 @@ def run_metrics(
         total_cost_usd=total_cost,
         cost_per_execution_usd=total_cost / len(records) if records else None,
         tool_success_rate=(tool_calls - tool_errors) / tool_calls if tool_calls else None,
+        judge_mean=judge_mean(records),
     )
 
 

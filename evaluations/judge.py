@@ -28,9 +28,9 @@ from django.conf import settings
 from django.db.models import F
 
 from checks.judge_client import JudgeClient, JudgeSettings
+from checks.results import JUDGE_CHECK_TYPES
 from evaluations.models import JudgeCacheEntry, Run
 
-JUDGE_CHECK_TYPES = frozenset({"llm_as_judge", "judge"})
 JUDGE_METHODS = frozenset({"judge", "embedding"})  # drift / similarity methods that need it
 
 

@@ -35,7 +35,7 @@ from checks.planning import (
     validate_selection,
 )
 from checks.report_model import ExecutionRecord
-from checks.results import ERROR_CODES, FailureCode
+from checks.results import ERROR_CODES, JUDGE_CHECK_TYPES, FailureCode
 from checks.scoring import score_execution, score_run
 from checks.spec import SpecValidationError, validate_spec_text
 from checks.spec.model import Spec as EngineSpec
@@ -288,18 +288,10 @@ def _mutation_writer(run: Run, spec: EngineSpec) -> Any:
 
 
 def _execution_row(run: Run, planned: PlannedExecution) -> Execution:
-    key = Execution.build_key(
-        scenario=planned.scenario,
-        prompt_index=planned.prompt_index,
-        replica=planned.replica,
-        invariant_id=planned.isolated_invariant,
-        pillar=planned.pillar,
-        mutation_type=planned.mutation_type or "",
-    )
     return Execution(
         run=run,
         project_id=run.project_id,
-        key=key,
+        key=planned.key,
         scenario=planned.scenario,
         prompt_index=planned.prompt_index,
         replica=planned.replica,
@@ -356,9 +348,6 @@ def run_rerun_failed(*, run_id: int, created_by: Any = None, enqueue: bool = Tru
     )
 
 
-JUDGE_CHECK_TYPES = frozenset({"llm_as_judge", "judge"})
-
-
 def run_finalize(*, run_id: int) -> Run:
     """Scores, gates, verdict and exit code of a run, from its stored results (idempotent)."""
     from evaluations.selectors import run_records
@@ -373,16 +362,10 @@ def run_finalize(*, run_id: int) -> Run:
     kappa = run_review_kappa(run) if "judge_human_kappa_min" in spec.gates else None
     summary = score_run(spec, records, kappa=kappa)
     composites = [e.composite for e in summary.executions]
-    judge_scores = [
-        result.score
-        for record in records
-        for result in record.results
-        if result.check_type in JUDGE_CHECK_TYPES
-    ]
     run.summary = summary.to_dict()
     run.cost_usd = summary.metrics.total_cost_usd
     run.p95_duration_ms = summary.metrics.p95_duration_ms
-    run.judge_mean = sum(judge_scores) / len(judge_scores) if judge_scores else None
+    run.judge_mean = summary.metrics.judge_mean
     run.composite = sum(composites) / len(composites) if composites else None
     run.pass_rate = summary.pass_rate
     run.resilience = summary.resilience.score
