@@ -17,6 +17,7 @@ from django.views.decorators.http import require_GET
 from evaluations import selectors
 from evaluations.access import project_for
 from evaluations.models import Artifact, ArtifactKind, CheckResult, ReviewItem
+from evaluations.views.htmx import page_or_region
 
 DETAILS_MAX_CHARS = 8000  # a check result's details as shown; the JSON export has them whole
 FILE_CONTENT_MAX_CHARS = 20000  # one changed file's content in the workspace diff
@@ -152,9 +153,8 @@ def execution_detail(request: HttpRequest, project_slug: str, execution_id: int)
         "next_id": next_id,
         "plan_invariants": execution.plan.get("invariant_ids") or [],
     }
-    htmx = bool(request.htmx)  # type: ignore[attr-defined]
     template = "executions/execution_detail.html"
-    return render(request, f"{template}#execution-body" if htmx else template, context)
+    return render(request, page_or_region(request, template, "execution-body"), context)
 
 
 @login_required

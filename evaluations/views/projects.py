@@ -18,6 +18,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for, projects_of
 from evaluations.models import RUN_TERMINAL_STATUSES, Role
+from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -28,11 +29,6 @@ def home(request: HttpRequest) -> HttpResponse:
     if len(projects) == 1:
         return redirect("overview", project_slug=projects[0].slug)
     return redirect("project_list")
-
-
-def _template(request: HttpRequest, template: str, region: str) -> str:
-    """The template to render: the whole page, or only its region for an htmx request."""
-    return f"{template}#{region}" if request.htmx else template  # type: ignore[attr-defined]
 
 
 @login_required
@@ -65,7 +61,7 @@ def project_list(request: HttpRequest) -> HttpResponse:
         "form": form,
         "error": error,
     }
-    template = _template(request, "projects/list.html", "project-list")
+    template = page_or_region(request, "projects/list.html", "project-list")
     return render(request, template, context, status=status)
 
 
@@ -99,7 +95,7 @@ def overview(request: HttpRequest, project_slug: str) -> HttpResponse:
         "runs": runs,
         "runs_active": any(run.status not in RUN_TERMINAL_STATUSES for run in runs),
     }
-    if request.htmx:  # type: ignore[attr-defined]
+    if is_htmx(request):
         return render(request, "projects/overview.html#latest-runs", context)
     context["regressions"] = selectors.project_regressions(access.project)
     context["charts"] = _overview_charts(access)
@@ -120,11 +116,10 @@ def members(request: HttpRequest, project_slug: str) -> HttpResponse:
             notice = _member_action(request, access)
         except services.MembershipError as exc:
             error, status = str(exc), 400
-        if not request.htmx and not error:  # type: ignore[attr-defined]
+        if not is_htmx(request) and not error:
             messages.success(request, notice)
             return redirect("members", project_slug=access.project.slug)
-        if request.htmx:  # type: ignore[attr-defined]
-            status = 200  # htmx swaps 2xx only; the refusal is in the fragment
+        status = refusal_status(request, status)
     context = {
         "access": access,
         "memberships": selectors.project_members(access.project),
@@ -133,7 +128,7 @@ def members(request: HttpRequest, project_slug: str) -> HttpResponse:
         "error": error,
         "username": request.POST.get("username", "") if error else "",
     }
-    template = _template(request, "projects/members.html", "member-list")
+    template = page_or_region(request, "projects/members.html", "member-list")
     return render(request, template, context, status=status)
 
 
@@ -248,17 +243,17 @@ def project_settings(request: HttpRequest, project_slug: str) -> HttpResponse:
                 form.add_error(None, f"review policy not saved: {exc}")
         if form.is_valid():
             notice = "Review policy saved."
-            if not request.htmx:  # type: ignore[attr-defined]
+            if not is_htmx(request):
                 messages.success(request, notice)
                 return redirect("project_settings", project_slug=project.slug)
             form = ReviewPolicyForm(initial=project.review_policy)
         else:
             # htmx swaps 2xx only: the errors are in the fragment.
-            status = 200 if request.htmx else 400  # type: ignore[attr-defined]
+            status = refusal_status(request, 400)
     else:
         form = ReviewPolicyForm(initial=project.review_policy)
     context = _settings_context(request, access, form=form, notice=notice)
-    template = _template(request, "projects/settings.html", "policy-form")
+    template = page_or_region(request, "projects/settings.html", "policy-form")
     return render(request, template, context, status=status)
 
 
@@ -322,9 +317,9 @@ def project_tokens(request: HttpRequest, project_slug: str) -> HttpResponse:
             raise services.TokenError(f"unknown action {action!r}: issue or revoke")
     except services.TokenError as exc:
         extra["token_error"] = str(exc)
-        status = 200 if request.htmx else 400  # type: ignore[attr-defined]
+        status = refusal_status(request, 400)
     context = _settings_context(request, access, **extra)
-    template = _template(request, "projects/settings.html", "api-tokens")
+    template = page_or_region(request, "projects/settings.html", "api-tokens")
     response = render(request, template, context, status=status)
     response["Cache-Control"] = "no-store"  # the raw token must not sit in a cache
     return response

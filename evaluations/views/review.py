@@ -29,13 +29,10 @@ from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
 from evaluations.models import CheckResult, ReviewItem, ReviewStatus, ReviewVerdict, Role, Spec
 from evaluations.selectors import ReviewFilters
+from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
 
 ITEM_TEMPLATE = "review/item.html"
 QUEUE_STATUSES = (ReviewStatus.OPEN, ReviewStatus.ADJUDICATION, ReviewStatus.COMPLETE)
-
-
-def _htmx(request: HttpRequest) -> bool:
-    return bool(getattr(request, "htmx", False))
 
 
 def _query(filters: ReviewFilters, **extra: Any) -> str:
@@ -74,7 +71,7 @@ def queue(request: HttpRequest, project_slug: str) -> HttpResponse:
         "items": selectors.review_queue_items(access.project, filters, status=status),
         "choices": selectors.review_filter_choices(access.project),
     }
-    template = "review/queue.html#queue-region" if _htmx(request) else "review/queue.html"
+    template = page_or_region(request, "review/queue.html", "queue-region")
     return render(request, template, context)
 
 
@@ -178,8 +175,8 @@ def _render_item(
     request: HttpRequest, context: dict[str, Any], *, status: int = 200
 ) -> HttpResponse:
     # htmx swaps only 2xx answers, so a region that shows an error is sent as 200.
-    template = f"{ITEM_TEMPLATE}#item" if _htmx(request) else ITEM_TEMPLATE
-    return render(request, template, context, status=200 if _htmx(request) else status)
+    template = page_or_region(request, ITEM_TEMPLATE, "item")
+    return render(request, template, context, status=refusal_status(request, status))
 
 
 @login_required
@@ -267,7 +264,7 @@ def _next_item(
         url = _queue_url(access, filters)
     else:
         url = _item_url(access, following.pk, filters, previous=previous_id)
-    if not _htmx(request):
+    if not is_htmx(request):
         if following is None:
             messages.info(request, "Nothing left for you to grade with these filters.")
         return redirect(url)
@@ -352,7 +349,7 @@ def send_to_review(request: HttpRequest, project_slug: str, result_id: int) -> H
     result = get_object_or_404(CheckResult, pk=result_id, run__project=access.project)
     review_item = services.review_send(result_id=result.pk, user=request.user)
     item_url = reverse("review_item", args=[access.project.slug, review_item.pk])
-    if _htmx(request):
+    if is_htmx(request):
         return render(
             request,
             "review/sent.html",

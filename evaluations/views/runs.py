@@ -31,12 +31,9 @@ from checks import reporters
 from evaluations import selectors, services
 from evaluations.access import ProjectAccess, project_for
 from evaluations.models import Role, Run, RunStatus
+from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
 
 GROUPS_SHOWN = 300  # replica groups drawn on the run page; the exports have them all
-
-
-def _htmx(request: HttpRequest) -> bool:
-    return bool(request.htmx)  # type: ignore[attr-defined]
 
 
 # --- List ---------------------------------------------------------------------------------
@@ -126,8 +123,8 @@ def run_list(request: HttpRequest, project_slug: str) -> HttpResponse:
         "statuses": RunStatus.choices,
     }
     # htmx swaps only 2xx answers: an invalid filter is shown in the fragment, as a 200.
-    status = 200 if form.is_valid() or _htmx(request) else 400
-    template = "runs/run_list.html#run-table" if _htmx(request) else "runs/run_list.html"
+    status = 200 if form.is_valid() else refusal_status(request, 400)
+    template = page_or_region(request, "runs/run_list.html", "run-table")
     return render(request, template, context, status=status)
 
 
@@ -225,7 +222,7 @@ def run_detail(request: HttpRequest, project_slug: str, run_id: int) -> HttpResp
         raise Http404("No such run in this project.")
     run, summary = found
     context = _run_context(access, run, summary)
-    if _htmx(request):
+    if is_htmx(request):
         content = render_to_string("runs/run_detail.html#live", context, request=request)
         if run.is_terminal:
             return HttpResponseStopPolling(content)
@@ -270,7 +267,7 @@ def run_cell(request: HttpRequest, project_slug: str, run_id: int) -> HttpRespon
         "next_after": next_after,
         "paged": after_text != "0",
     }
-    template = "runs/run_cell.html#cell" if _htmx(request) else "runs/run_cell.html"
+    template = page_or_region(request, "runs/run_cell.html", "cell")
     return render(request, template, context)
 
 
@@ -331,7 +328,7 @@ def run_baseline(request: HttpRequest, project_slug: str, run_id: int) -> HttpRe
         error = f"Not promoted: {exc}."
     else:
         notice = f"Run {run.pk} is now the baseline of {run.spec.slug} ({baseline.name})."
-    if _htmx(request):
+    if is_htmx(request):
         context = {
             "access": access,
             "run": run,

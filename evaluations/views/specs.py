@@ -21,6 +21,7 @@ from checks.spec.loader import load_yaml
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
 from evaluations.models import Role, Run, Spec, SpecVersion, Trigger
+from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
 
 # A valid spec to start from on the "New spec" page.
 NEW_SPEC_TEMPLATE = """\
@@ -43,16 +44,6 @@ RUN_REPLICAS_MAX = 100
 INVARIANT_LINES_MAX = 12  # lines in the per-invariant chart; the table has them all
 
 
-def _template(request: HttpRequest, template: str, region: str) -> str:
-    """The whole page, or only its region for an htmx request (same URL)."""
-    return f"{template}#{region}" if request.htmx else template  # type: ignore[attr-defined]
-
-
-def _refusal_status(request: HttpRequest, status: int) -> int:
-    """htmx swaps only 2xx answers, so a fragment that shows an error is sent as 200."""
-    return 200 if request.htmx else status  # type: ignore[attr-defined]
-
-
 def _spec(access: ProjectAccess, spec_slug: str) -> Spec:
     # Scoped to the project: another project's spec is a 404 like one that doesn't exist.
     return get_object_or_404(Spec, project=access.project, slug=spec_slug)
@@ -65,7 +56,7 @@ def _spec(access: ProjectAccess, spec_slug: str) -> Spec:
 def spec_list(request: HttpRequest, project_slug: str) -> HttpResponse:
     access = project_for(request, project_slug)
     context = {"access": access, "rows": selectors.spec_rows(access.project)}
-    return render(request, _template(request, "specs/list.html", "spec-table"), context)
+    return render(request, page_or_region(request, "specs/list.html", "spec-table"), context)
 
 
 @dataclass
@@ -111,7 +102,7 @@ def spec_detail(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
     access = project_for(request, project_slug)
     spec = _spec(access, spec_slug)
     context = _detail_context(access, spec)
-    return render(request, _template(request, "specs/detail.html", "spec-runs"), context)
+    return render(request, page_or_region(request, "specs/detail.html", "spec-runs"), context)
 
 
 # --- Diff -----------------------------------------------------------------------------------
@@ -168,9 +159,9 @@ def spec_diff(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpRe
         context.update(error=str(exc), lines=[], a=None, b=None)
         return render(
             request,
-            _template(request, "specs/diff.html", "diff"),
+            page_or_region(request, "specs/diff.html", "diff"),
             context,
-            status=_refusal_status(request, 400),
+            status=refusal_status(request, 400),
         )
     latest_number = versions[0]["number"] if versions else None
     if b is None:
@@ -189,7 +180,7 @@ def spec_diff(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpRe
         lines=unified_diff(texts[a], texts[b], old_name=f"v{a}", new_name=f"v{b}"),
         error="",
     )
-    return render(request, _template(request, "specs/diff.html", "diff"), context)
+    return render(request, page_or_region(request, "specs/diff.html", "diff"), context)
 
 
 # --- Editor and live validation -------------------------------------------------------------
@@ -279,10 +270,10 @@ def spec_edit(
                         request, f"Saved {version.spec.slug} version {version.number}."
                     )
                 url = reverse("spec_detail", args=[access.project.slug, version.spec.slug])
-                if request.htmx:  # type: ignore[attr-defined]
+                if is_htmx(request):
                     return HttpResponseClientRedirect(url)
                 return redirect(url)
-        status = _refusal_status(request, 422)
+        status = refusal_status(request, 422)
     else:
         source = latest.source_yaml if latest else NEW_SPEC_TEMPLATE
     context = {
@@ -294,7 +285,9 @@ def spec_edit(
         "checked": request.method == "POST",
         "upload_max_kib": SPEC_UPLOAD_MAX_BYTES // 1024,
     }
-    return render(request, _template(request, "specs/edit.html", "editor"), context, status=status)
+    return render(
+        request, page_or_region(request, "specs/edit.html", "editor"), context, status=status
+    )
 
 
 @login_required
@@ -386,10 +379,10 @@ def spec_run(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpRes
     if run is None:
         form.errors = tuple(errors)
         context = _detail_context(access, spec, run_form=form)
-        template = _template(request, "specs/detail.html", "run-form")
-        return render(request, template, context, status=_refusal_status(request, 400))
+        template = page_or_region(request, "specs/detail.html", "run-form")
+        return render(request, template, context, status=refusal_status(request, 400))
     url = reverse("run_detail", args=[access.project.slug, run.pk])
-    if request.htmx:  # type: ignore[attr-defined]
+    if is_htmx(request):
         return HttpResponseClientRedirect(url)
     return redirect(url)
 
@@ -474,7 +467,7 @@ def spec_trends(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
         "invariants_hidden": max(0, len(invariant_rates) - INVARIANT_LINES_MAX),
         "trend_runs": selectors.TREND_RUNS,
     }
-    status = _refusal_status(request, 400) if error else 200
+    status = refusal_status(request, 400) if error else 200
     return render(
-        request, _template(request, "specs/trends.html", "trends"), context, status=status
+        request, page_or_region(request, "specs/trends.html", "trends"), context, status=status
     )
