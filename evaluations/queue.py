@@ -1,0 +1,46 @@
+"""Handing work on to whoever executes it. Services call these after a write; this module
+alone knows what runs where:
+
+- with a broker (CELERY_BROKER_URL), a message per job goes to the Celery workers;
+- with none, Celery runs the task eagerly in this process (the CLI, the tests);
+- under `keystone serve` on the embedded default (KEYSTONE_EMBEDDED_WORKER), queued runs
+  are left for the embedded worker, which polls the database (evaluations.embedded_worker).
+
+Messages go out after the transaction commits, so a worker never looks for a row it cannot
+see yet. Tasks are looked up by name in the Celery app (evaluations.apps registers them at
+start-up), so the services that enqueue never import the task module that calls them.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import transaction
+
+RUN_PLAN = "evaluations.tasks.run_plan"
+EXECUTION_RUN = "evaluations.tasks.execution_run"
+RUN_FINALIZE = "evaluations.tasks.run_finalize"
+REQUEUE_EXPIRED = "evaluations.tasks.requeue_expired_executions"
+
+
+def _send(task_name: str, *args: int) -> None:
+    from keystone_web.celery import app  # Celery is imported only when work is handed on
+
+    app.tasks[task_name].delay(*args)
+
+
+def run_plan_later(run_id: int) -> None:
+    """Plan the run once this transaction commits (the embedded worker finds it itself)."""
+    # An eager task here would run the whole evaluation inside the web request that made it.
+    if settings.KEYSTONE_EMBEDDED_WORKER:
+        return
+    transaction.on_commit(lambda: _send(RUN_PLAN, run_id))
+
+
+def execution_send(execution_id: int) -> None:
+    """Send one execution to the workers now (or run it here, eagerly, with no broker)."""
+    _send(EXECUTION_RUN, execution_id)
+
+
+def run_finalize_later(run_id: int) -> None:
+    """Finalise the run once this transaction commits."""
+    transaction.on_commit(lambda: _send(RUN_FINALIZE, run_id))

@@ -1,0 +1,40 @@
+"""The bounds the dashboard's lists keep, and the run columns a table row reads."""
+
+from __future__ import annotations
+
+# Every list here is bounded (a slice or a per-spec window), reads only the columns its page
+# shows, and never scans executions or check results: pages use the per-run aggregates that
+# run_finalize writes (composite, pass_rate, resilience, cost_usd, p95_duration_ms, ...).
+
+OVERVIEW_RUNS = 20  # latest runs on the overview
+OVERVIEW_TREND_RUNS = 30  # points per spec in the overview's trend charts
+OVERVIEW_TREND_WINDOW = 1000  # newest completed runs of the project those points come from
+SPEC_LIST_MAX = 500
+SPEC_VERSIONS_MAX = 100
+SPEC_RUNS = 20
+TREND_RUNS = 100  # runs per spec in the trends page
+BRANCHES_MAX = 50
+
+# The run columns a run row in a table needs (verdict, scores, cost, latency).
+RUN_ROW_FIELDS = (
+    "id",
+    "project_id",
+    "spec_id",
+    "spec_version_id",
+    "status",
+    "trigger",
+    "branch",
+    "git_sha",
+    "composite",
+    "pass_rate",
+    "resilience",
+    "overall",
+    "gate_passed",
+    "exit_code",
+    "cost_usd",
+    "p95_duration_ms",
+    "execution_count",
+    "executions_done",
+    "created",
+    "finished",
+)

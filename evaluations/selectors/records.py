@@ -1,0 +1,70 @@
+"""Stored rows as the engine's execution records, for scoring and reports: per invariant the
+strongest result counts (a person's over the judge's over the engine's)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from checks.report_model import ExecutionRecord
+from evaluations.models import (
+    CheckResult,
+    Execution,
+    Run,
+)
+
+
+def run_records(run: Run) -> list[ExecutionRecord]:
+    """The run's executions as the engine's records: two queries whatever the run's size."""
+    results: dict[int, list] = defaultdict(list)
+    for row in CheckResult.objects.filter(run=run).order_by("id"):
+        results[row.execution_id].append(row)
+    return [
+        _execution_record(execution, results.get(execution.pk, []))
+        for execution in Execution.objects.filter(run=run).order_by("id")
+    ]
+
+
+def execution_record(execution: Execution) -> ExecutionRecord:
+    """One execution as the engine's record, with its effective results (one query)."""
+    rows = list(CheckResult.objects.filter(execution=execution).order_by("id"))
+    return _execution_record(execution, rows)
+
+
+def _execution_record(execution: Execution, rows: list[CheckResult]) -> ExecutionRecord:
+    return ExecutionRecord(
+        id=str(execution.pk),
+        scenario=execution.scenario,
+        prompt_index=execution.prompt_index,
+        prompt=execution.prompt,
+        replica=execution.replica,
+        attempt=execution.attempt,
+        status=execution.status,
+        duration_ms=execution.duration_ms or 0.0,
+        cost_usd=execution.cost_usd,
+        input_tokens=execution.input_tokens,
+        output_tokens=execution.output_tokens,
+        results=[r.to_engine() for r in effective_results(rows)],
+        forbidden_violations=list(execution.forbidden_violations),
+        pillar=execution.pillar,
+        mutation_type=execution.mutation_type or None,
+        tool_calls=execution.tool_call_count,
+        tool_errors=execution.tool_error_count,
+        output=execution.final_output,
+        error=execution.error or None,
+    )
+
+
+def effective_results(rows: list[CheckResult]) -> list[CheckResult]:
+    """A human verdict overrides the judge's (and the engine's) for the same invariant."""
+    by_invariant: dict[str, CheckResult] = {}
+    rank = {"engine": 0, "judge": 1, "human": 2}
+    for row in rows:
+        current = by_invariant.get(row.invariant_id)
+        if current is None or rank.get(row.source, 0) >= rank.get(current.source, 0):
+            by_invariant[row.invariant_id] = row
+    return list(by_invariant.values())
+
+
+def run_progress(run_id: int) -> tuple[str, int, int]:
+    run = Run.objects.only("status", "executions_done", "execution_count").get(pk=run_id)
+    return run.status, run.executions_done, run.execution_count

@@ -1,0 +1,108 @@
+"""Regressions against the active baseline, for the overview."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models.fields.json import KeyTransform
+
+from evaluations.models import (
+    Baseline,
+    Project,
+    Run,
+    RunStatus,
+)
+from evaluations.selectors.specs import latest_run_subquery
+
+#
+# A baseline's `data["groups"]` holds (scenario x prompt) groups in the shape of a run
+# summary's `groups` (RunSummary.to_dict: key, scenario, prompt_index, passed, status,
+# pass_at_1, ...); a mapping of key -> group is read too. A group *regressed* when it passed
+# in the baseline and does not pass in the spec's latest completed run. Groups that are new
+# or gone are not regressions. Nothing here reads executions.
+
+
+@dataclass(frozen=True, slots=True)
+class Regression:
+    spec_slug: str
+    baseline_name: str
+    run_id: int
+    group: str
+    baseline_pass_rate: float | None
+    current_pass_rate: float | None
+    current_status: str
+    failure_codes: list[str]
+
+
+def group_key(group: dict[str, Any]) -> str:
+    """A group's identity, as ReplicaAggregate.key writes it (for data stored without one)."""
+    if group.get("key"):
+        return str(group["key"])
+    label = f"{group.get('scenario', 'no-chaos')} / prompt {group.get('prompt_index', 0)}"
+    if group.get("mutation_type"):
+        label += f" / {group['mutation_type']}"
+    pillar = group.get("pillar") or "contract"
+    return label if pillar in ("contract", "chaos") else f"{pillar}: {label}"
+
+
+def _groups_by_key(groups: Any) -> dict[str, dict[str, Any]]:
+    if isinstance(groups, dict):
+        return {str(k): {"key": str(k), **v} for k, v in groups.items() if isinstance(v, dict)}
+    if isinstance(groups, list):
+        return {group_key(g): g for g in groups if isinstance(g, dict)}
+    return {}
+
+
+def _group_passed(group: dict[str, Any]) -> bool:
+    if "passed" in group:
+        return bool(group["passed"])
+    rate = _group_pass_rate(group)
+    return rate is not None and rate >= 1.0
+
+
+def _group_pass_rate(group: dict[str, Any]) -> float | None:
+    for name in ("pass_rate", "pass_at_1"):
+        if isinstance(group.get(name), int | float):
+            return float(group[name])
+    return None
+
+
+def project_regressions(project: Project) -> list[Regression]:
+    """Every regression of every spec that has an active baseline: two queries."""
+    baselines = list(
+        Baseline.objects.filter(project=project, active=True)
+        .annotate(latest_run_id=latest_run_subquery(RunStatus.COMPLETED))
+        .values("name", "spec_id", "spec__slug", "run_id", "data", "latest_run_id")
+    )
+    run_ids = [b["latest_run_id"] for b in baselines if b["latest_run_id"] is not None]
+    current = {
+        row["id"]: row["groups"]
+        for row in Run.objects.filter(pk__in=run_ids)
+        .annotate(groups=KeyTransform("groups", "summary"))
+        .values("id", "groups")
+    }
+    regressions = []
+    for baseline in sorted(baselines, key=lambda b: b["spec__slug"]):
+        run_id = baseline["latest_run_id"]
+        if run_id is None or run_id == baseline["run_id"]:
+            continue  # nothing ran since the baseline was taken
+        before = _groups_by_key((baseline["data"] or {}).get("groups"))
+        after = _groups_by_key(current.get(run_id))
+        for key, old in before.items():
+            new = after.get(key)
+            if new is None or not _group_passed(old) or _group_passed(new):
+                continue
+            regressions.append(
+                Regression(
+                    spec_slug=baseline["spec__slug"],
+                    baseline_name=baseline["name"],
+                    run_id=run_id,
+                    group=key,
+                    baseline_pass_rate=_group_pass_rate(old),
+                    current_pass_rate=_group_pass_rate(new),
+                    current_status=str(new.get("status") or "fail"),
+                    failure_codes=[str(c) for c in new.get("failure_codes") or []],
+                )
+            )
+    return regressions

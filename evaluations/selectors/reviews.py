@@ -1,0 +1,337 @@
+"""The review queue, one item, and judge-human agreement."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from evaluations.agreement import Pair, agreement, agreement_trend, cohen_kappa
+from evaluations.models import (
+    Artifact,
+    CheckResult,
+    Execution,
+    Project,
+    ResultChange,
+    ReviewItem,
+    ReviewStatus,
+    Spec,
+)
+
+REVIEW_QUEUE_MAX = 100  # rows in the queue table
+REVIEW_CHOICES_MAX = 100  # entries per filter drop-down
+TRACE_READ_MAX = 512 * 1024  # bytes of trace.json read for the transcript summary
+TOOL_CALLS_SHOWN = 50
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewFilters:
+    """The queue's filters: spec slug, run id, criteria (the invariant id)."""
+
+    spec: str = ""
+    run: int | None = None
+    criteria: str = ""
+
+    @classmethod
+    def from_query(cls, query: Any) -> ReviewFilters:
+        run = str(query.get("run") or "").strip()
+        return cls(
+            spec=str(query.get("spec") or "").strip(),
+            run=int(run) if run.isdigit() else None,
+            criteria=str(query.get("criteria") or "").strip(),
+        )
+
+    def apply(self, items: Any) -> Any:
+        if self.spec:
+            items = items.filter(spec__slug=self.spec)
+        if self.run is not None:
+            items = items.filter(run_id=self.run)
+        if self.criteria:
+            items = items.filter(invariant_id=self.criteria)
+        return items
+
+    def as_dict(self) -> dict[str, str]:
+        values = {"spec": self.spec, "run": str(self.run or ""), "criteria": self.criteria}
+        return {k: v for k, v in values.items() if v}
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeView:
+    """A stored judge verdict, read from CheckResult.details whatever its shape: the judge
+    client's `details["judge"]` block, or the older flat keys."""
+
+    model: str
+    prompt_version: str
+    score: float | None
+    passed: bool | None
+    reasoning: str
+    threshold: float
+    spread: float | None
+    samples: int | None
+    dimensions: dict[str, Any]
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def judge_view(row: CheckResult) -> JudgeView:
+    details = _mapping(row.details)
+    judge = _mapping(details.get("judge"))
+    errored = row.to_engine().is_error
+    threshold = details.get("pass_threshold", judge.get("pass_threshold", 0.5))
+    spread = judge.get("spread", details.get("spread"))
+    samples = judge.get("samples", details.get("samples"))
+    dimensions = judge.get("dimensions", details.get("dimensions"))
+    return JudgeView(
+        model=str(judge.get("model") or details.get("model") or ""),
+        prompt_version=str(judge.get("prompt_version") or details.get("prompt_version") or ""),
+        score=None if errored else row.score,
+        passed=None if errored else row.passed,
+        reasoning=str(judge.get("reasoning") or details.get("reasoning") or ""),
+        threshold=float(threshold) if isinstance(threshold, int | float) else 0.5,
+        spread=float(spread) if isinstance(spread, int | float) else None,
+        samples=len(samples) if isinstance(samples, list) else _optional_int(samples),
+        dimensions=_mapping(dimensions),
+    )
+
+
+def _optional_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def review_counts(project: Project, filters: ReviewFilters) -> dict[str, int]:
+    items = filters.apply(ReviewItem.objects.filter(project=project))
+    now = timezone.now()
+    counts = items.aggregate(
+        open=Count("id", filter=Q(status=ReviewStatus.OPEN)),
+        adjudication=Count("id", filter=Q(status=ReviewStatus.ADJUDICATION)),
+        complete=Count("id", filter=Q(status=ReviewStatus.COMPLETE)),
+        claimed=Count("id", filter=Q(status=ReviewStatus.OPEN, claim_expires__gt=now)),
+    )
+    return {name: int(value or 0) for name, value in counts.items()}
+
+
+def review_queue_items(
+    project: Project, filters: ReviewFilters, *, status: str, limit: int = REVIEW_QUEUE_MAX
+) -> list[Any]:
+    items = filters.apply(ReviewItem.objects.filter(project=project, status=status))
+    order = ("-completed", "-id") if status == "complete" else ("created", "id")
+    return list(
+        items.select_related("spec", "claimed_by")
+        .annotate(verdict_count=Count("verdicts"))
+        .order_by(*order)[:limit]
+    )
+
+
+def review_filter_choices(project: Project) -> dict[str, list[Any]]:
+    """What the filter drop-downs offer: specs, recent runs and criteria that have items."""
+    items = ReviewItem.objects.filter(project=project)
+    criteria: dict[str, str] = {}
+    for invariant_id, text in (
+        items.order_by("invariant_id")
+        .values_list("invariant_id", "criteria")
+        .distinct()[: REVIEW_CHOICES_MAX * 2]
+    ):
+        criteria.setdefault(invariant_id, text)
+    return {
+        "specs": list(
+            items.order_by("spec__slug")
+            .values_list("spec__slug", flat=True)
+            .distinct()[:REVIEW_CHOICES_MAX]
+        ),
+        "runs": list(
+            items.order_by("-run_id")
+            .values_list("run_id", flat=True)
+            .distinct()[:REVIEW_CHOICES_MAX]
+        ),
+        "criteria": sorted(criteria.items())[:REVIEW_CHOICES_MAX],
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallLine:
+    name: str
+    arguments: str
+    response: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewItemView:
+    """Everything the item page shows about the graded result."""
+
+    item: Any
+    result: CheckResult
+    judge: JudgeView
+    criteria: str
+    rubric: dict[str, str]
+    input_from: str
+    judged_input: str
+    prompt: str
+    final_output: str
+    tool_calls: list[ToolCallLine]
+    tool_calls_total: int
+    verdicts: list[Any]
+
+
+def review_item_view(item: Any) -> ReviewItemView:
+    result = item.check_result
+    execution = item.execution
+    invariants = _mapping(item.run.spec_version.parsed.get("invariants"))
+    check = _mapping(_mapping(invariants.get(item.invariant_id)).get("check"))
+    details = _mapping(result.details)
+    input_from = str(check.get("input_from") or details.get("input_from") or "agent_output")
+    if input_from == "agent_output":
+        judged_input = execution.final_output
+    else:
+        judge = _mapping(details.get("judge"))
+        judged_input = str(judge.get("judged_input") or details.get("judged_input_preview") or "")
+    rubric = _mapping(check.get("rubric"))
+    calls = _trace_tool_calls(execution)
+    return ReviewItemView(
+        item=item,
+        result=result,
+        judge=judge_view(result),
+        criteria=item.criteria or str(check.get("criteria") or ""),
+        rubric={str(k): str(v) for k, v in rubric.items()},
+        input_from=input_from,
+        judged_input=judged_input,
+        prompt=execution.prompt,
+        final_output=execution.final_output,
+        tool_calls=calls[:TOOL_CALLS_SHOWN],
+        tool_calls_total=len(calls),
+        verdicts=list(item.verdicts.select_related("reviewer").order_by("slot")),
+    )
+
+
+def _trace_tool_calls(execution: Execution) -> list[ToolCallLine]:
+    """The tool calls of the execution's stored trace (trace.json), compact. A missing or
+    unreadable trace gives none: the page still shows the output."""
+    artifact = Artifact.objects.filter(execution=execution, kind="trace").first()
+    if artifact is None:
+        return []
+    try:
+        with artifact.file.open("rb") as handle:
+            raw = handle.read(TRACE_READ_MAX + 1)
+        if len(raw) > TRACE_READ_MAX:
+            return []
+        trace = json.loads(raw)
+    except (OSError, ValueError):
+        return []
+    calls = trace.get("tool_calls") if isinstance(trace, dict) else None
+    if not calls and isinstance(trace, dict):
+        calls = [
+            call
+            for llm in trace.get("llm_calls") or []
+            if isinstance(llm, dict)
+            for call in llm.get("tool_calls") or []
+        ]
+    lines = []
+    for call in calls or []:
+        if not isinstance(call, dict):
+            continue
+        arguments = call.get("arguments")
+        lines.append(
+            ToolCallLine(
+                name=str(call.get("name") or "?"),
+                arguments=_short(json.dumps(arguments, ensure_ascii=False, default=str), 200),
+                response=_short(str(call.get("response") or ""), 200),
+            )
+        )
+    return lines
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class AgreementRow:
+    judge_model: str
+    criteria: str
+    prompt_version: str
+    agreement: Any  # evaluations.agreement.Agreement
+    trend: list[Any]  # evaluations.agreement.TrendPoint
+
+
+def review_agreement(project: Project, *, spec: Spec | None = None) -> list[AgreementRow]:
+    """Judge-human agreement per (judge model, criteria, prompt version), from completed
+    items whose judge gave a verdict, with a cumulative trend by day. One query."""
+    items = ReviewItem.objects.filter(
+        project=project,
+        status=ReviewStatus.COMPLETE,
+        judge_passed__isnull=False,
+        final_passed__isnull=False,
+    ).exclude(judge_model="")
+    if spec is not None:
+        items = items.filter(spec=spec)
+    groups: dict[tuple[str, str, str], list[tuple[Any, Any]]] = defaultdict(list)
+    for row in items.order_by("completed", "id").values(
+        "judge_model",
+        "criteria",
+        "prompt_version",
+        "judge_passed",
+        "final_passed",
+        "judge_score",
+        "final_score",
+        "completed",
+    ):
+        pair = Pair(
+            judge_passed=bool(row["judge_passed"]),
+            human_passed=bool(row["final_passed"]),
+            judge_score=row["judge_score"],
+            human_score=row["final_score"],
+        )
+        key = (row["judge_model"], row["criteria"], row["prompt_version"])
+        completed = row["completed"] or timezone.now()
+        groups[key].append((timezone.localdate(completed), pair))
+    return [
+        AgreementRow(
+            judge_model=model,
+            criteria=criteria,
+            prompt_version=version,
+            agreement=agreement(pair for _, pair in dated),
+            trend=agreement_trend(dated),
+        )
+        for (model, criteria, version), dated in sorted(groups.items())
+    ]
+
+
+def review_kappa(*, project_id: int, spec_id: int, judge_models: set[str]) -> float | None:
+    """Cohen's kappa between these judge models and people on this spec's completed
+    items (every criteria and prompt version together); None with no pairs or when kappa
+    is undefined."""
+    if not judge_models:
+        return None
+    rows = ReviewItem.objects.filter(
+        project_id=project_id,
+        spec_id=spec_id,
+        status=ReviewStatus.COMPLETE,
+        judge_model__in=judge_models,
+        judge_passed__isnull=False,
+        final_passed__isnull=False,
+    ).values_list("judge_passed", "final_passed")
+    return cohen_kappa([Pair(judge_passed=bool(j), human_passed=bool(h)) for j, h in rows])
+
+
+def result_changes(execution: Execution) -> list[ResultChange]:
+    """The history of results people changed on this execution, newest first."""
+    return list(
+        ResultChange.objects.filter(execution=execution)
+        .select_related("changed_by", "review_item")
+        .order_by("-created", "-id")
+    )
+
+
+def pending_review_items(execution: Execution) -> dict[int, ReviewItem]:
+    """check result id -> its pending review item, for the execution page's results table."""
+    return {
+        item.check_result_id: item
+        for item in ReviewItem.objects.filter(execution=execution).exclude(
+            status=ReviewStatus.COMPLETE
+        )
+    }

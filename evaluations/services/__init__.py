@@ -1,0 +1,120 @@
+"""Writes: every change to Keystone's rows goes through a function of this package, one
+module per domain. Naming follows `<entity>_<action>`; tasks, views, the API and the CLI call
+these and hold no domain logic of their own. The lifecycle of a run:
+
+specs.spec_version_create -> runs.run_create -> runs.run_plan (Execution rows)
+-> executions.execution_execute (claim, harness) -> recording.execution_record
+-> finalize.run_finalize (scores, gates, exit code, review items), with
+executions.execution_requeue_expired for dead workers. Work is handed on by
+evaluations.queue. docs/architecture.md walks one run through these modules.
+
+The names below are what the interfaces call, so they need one import:
+`from evaluations import services`.
+"""
+
+from evaluations.services.baselines import (
+    BASELINE_OUTPUT_MAX_CHARS,
+    BaselineError,
+    baseline_promote,
+)
+from evaluations.services.executions import (
+    InfrastructureError,
+    execution_claim,
+    execution_enqueue,
+    execution_execute,
+    execution_release,
+    execution_requeue_expired,
+)
+from evaluations.services.finalize import run_finalize, run_finalize_if_done
+from evaluations.services.projects import (
+    MembershipError,
+    demo_load,
+    membership_add,
+    membership_remove,
+    membership_set_role,
+    project_create,
+    project_default,
+)
+from evaluations.services.recording import execution_record, execution_record_error
+from evaluations.services.replay import execution_replay_session, run_replay_export
+from evaluations.services.review_verdicts import (
+    ReviewSubmission,
+    review_adjudicate,
+    review_submit,
+)
+from evaluations.services.reviews import (
+    REVIEW_POLICY_DEFAULTS,
+    ReviewClaimError,
+    ReviewError,
+    ReviewInputError,
+    ReviewPermissionError,
+    ReviewPolicy,
+    project_review_policy_set,
+    review_claim,
+    review_items_select,
+    review_next,
+    review_policy_for,
+    review_release,
+    review_send,
+)
+from evaluations.services.runs import (
+    engine_spec,
+    run_cancel,
+    run_create,
+    run_plan,
+    run_rerun_failed,
+    run_warning_add,
+)
+from evaluations.services.specs import spec_version_create
+from evaluations.services.tokens import TokenError, token_issue, token_revoke
+
+__all__ = [
+    "BASELINE_OUTPUT_MAX_CHARS",
+    "REVIEW_POLICY_DEFAULTS",
+    "BaselineError",
+    "InfrastructureError",
+    "MembershipError",
+    "ReviewClaimError",
+    "ReviewError",
+    "ReviewInputError",
+    "ReviewPermissionError",
+    "ReviewPolicy",
+    "ReviewSubmission",
+    "TokenError",
+    "baseline_promote",
+    "demo_load",
+    "engine_spec",
+    "execution_claim",
+    "execution_enqueue",
+    "execution_execute",
+    "execution_record",
+    "execution_record_error",
+    "execution_release",
+    "execution_replay_session",
+    "execution_requeue_expired",
+    "membership_add",
+    "membership_remove",
+    "membership_set_role",
+    "project_create",
+    "project_default",
+    "project_review_policy_set",
+    "review_adjudicate",
+    "review_claim",
+    "review_items_select",
+    "review_next",
+    "review_policy_for",
+    "review_release",
+    "review_send",
+    "review_submit",
+    "run_cancel",
+    "run_create",
+    "run_finalize",
+    "run_finalize_if_done",
+    "run_plan",
+    "run_replay_export",
+    "run_rerun_failed",
+    "run_warning_add",
+    "spec_version_create",
+    "token_issue",
+    "token_revoke",
+]

@@ -1,0 +1,245 @@
+"""Executing one execution: claim it (a lease), run the harness, and hand the outcome to
+recording; leases of dead workers are re-queued."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db.models import F, Q
+from django.utils import timezone
+
+from checks.context import SecurityPolicy
+from checks.planning import (
+    PlannedExecution,
+    execution_seed,
+)
+from evaluations import queue
+from evaluations.models import (
+    Execution,
+    ExecutionStatus,
+    Run,
+    RunStatus,
+)
+from evaluations.services.finalize import deferred_invariants
+from evaluations.services.recording import execution_record, execution_record_error
+from evaluations.services.runs import engine_spec, run_secrets, run_warning_add
+
+logger = logging.getLogger(__name__)
+
+
+logger = logging.getLogger(__name__)
+
+
+class InfrastructureError(Exception):
+    """Something outside the agent failed (a database server, the Docker engine): retry later."""
+
+
+def execution_claim(*, execution_id: int, worker: str) -> bool:
+    """Take an execution for this worker: a conditional UPDATE, so exactly one worker wins.
+    A running execution whose lease expired (its worker died) can be taken again."""
+    now = timezone.now()
+    lease = now + timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
+    active_run = Q(run__status=RunStatus.RUNNING)
+    fresh = Execution.objects.filter(active_run, pk=execution_id, status=ExecutionStatus.PENDING)
+    if fresh.update(
+        status=ExecutionStatus.RUNNING, claimed_by=worker, lease_expires=lease, started=now
+    ):
+        return True
+    expired = Execution.objects.filter(
+        active_run, pk=execution_id, status=ExecutionStatus.RUNNING, lease_expires__lt=now
+    )
+    return bool(
+        expired.update(
+            claimed_by=worker, lease_expires=lease, started=now, attempt=F("attempt") + 1
+        )
+    )
+
+
+def execution_release(*, execution_id: int, worker: str) -> None:
+    """Give an execution back after an infrastructure error, so a retry can claim it."""
+    Execution.objects.filter(
+        pk=execution_id, claimed_by=worker, status=ExecutionStatus.RUNNING
+    ).update(status=ExecutionStatus.PENDING, claimed_by="", lease_expires=None)
+
+
+def harness_config(run: Run) -> Any:
+    from evaluations.runner.harness import HarnessConfig
+
+    spec_dir = run.options.get("spec_dir") or ""
+    if not spec_dir:
+        # A spec written in the browser has no directory of its own. Its relative files
+        # resolve in an empty stand-in, never in the server's own state (KEYSTONE_HOME
+        # holds the database and artifacts).
+        stand_in = Path(settings.KEYSTONE_WORK_DIR) / "spec-without-directory"
+        stand_in.mkdir(parents=True, exist_ok=True)
+        spec_dir = str(stand_in)
+    return HarnessConfig(
+        workspaces_root=Path(settings.KEYSTONE_WORK_DIR),
+        spec_dir=Path(spec_dir),
+        confine_to_spec_dir=not run.options.get("spec_dir"),
+        sandbox_backend=settings.KEYSTONE_SANDBOX_BACKEND or None,
+        postgres_url=settings.KEYSTONE_POSTGRES_URL or None,
+        mysql_url=settings.KEYSTONE_MYSQL_URL or None,
+        policy=SecurityPolicy(
+            allow_python_hooks=settings.KEYSTONE_ALLOW_PYTHON_HOOKS,
+            allow_host_scripts=settings.KEYSTONE_ALLOW_HOST_SCRIPTS,
+        ),
+        secrets=run_secrets(run),
+    )
+
+
+def execution_execute(*, execution_id: int, worker: str) -> bool:
+    """Claim, run and record one execution. False when another worker has it or it is done."""
+    from evaluations.judge import judge_for_run
+    from evaluations.runner.harness import run_execution
+    from evaluations.runner.sandbox import select_backend
+    from evaluations.runner.services import ServiceError
+
+    if not execution_claim(execution_id=execution_id, worker=worker):
+        return False
+    execution = Execution.objects.select_related("run__spec_version").get(pk=execution_id)
+    run = execution.run
+    spec = engine_spec(run)
+    config = harness_config(run)
+    preferred = (spec.raw.get("sandbox") or {}).get("backend") or config.sandbox_backend
+    sandbox, warning = select_backend(preferred)
+    if warning and warning not in run.warnings:
+        run_warning_add(run_id=run.pk, warning=warning)
+    planned = PlannedExecution(**execution.plan)
+    # behavior_unchanged against the no-chaos output is checked when the run is finalised.
+    deferred = deferred_invariants(spec)
+    planned.invariant_ids = [i for i in planned.invariant_ids if i not in deferred]
+    watcher = _LeaseWatcher(execution_id, worker, sandbox)
+    watcher.start()
+    try:
+        with judge_for_run(run) as judge:
+            config.judge = judge
+            outcome = run_execution(
+                spec,
+                planned,
+                config,
+                execution_key=f"{run.pk}-{execution.pk}",
+                # One identity: the row's key seeds the faults (equal to planned.key).
+                seed=execution_seed(int(run.options.get("seed", 0)), execution.key),
+                baseline_output=_baseline_output(execution),
+                sandbox=sandbox,
+            )
+    except ServiceError as exc:
+        execution_release(execution_id=execution_id, worker=worker)
+        raise InfrastructureError(str(exc)) from exc
+    except Exception as exc:  # the platform failed, not the agent: record it, don't lose the run
+        logger.exception("execution %s failed inside Keystone", execution_id)
+        execution_record_error(
+            execution_id=execution_id, worker=worker, error=f"{type(exc).__name__}: {exc}"
+        )
+        return True
+    finally:
+        watcher.stop()
+    if watcher.cancelled:
+        # The run was cancelled while this execution ran: it ends like the pending ones,
+        # not `running` forever with a claim nobody will renew.
+        Execution.objects.filter(
+            pk=execution_id, claimed_by=worker, status=ExecutionStatus.RUNNING
+        ).update(
+            status=ExecutionStatus.ERROR,
+            error="cancelled",
+            finished=timezone.now(),
+            lease_expires=None,
+        )
+        return True
+    execution_record(execution_id=execution_id, worker=worker, outcome=outcome, spec=spec)
+    return True
+
+
+class _LeaseWatcher(threading.Thread):
+    """Renews the execution's lease while the agent runs, and stops the sandbox when the
+    run is cancelled."""
+
+    def __init__(self, execution_id: int, worker: str, sandbox: Any) -> None:
+        super().__init__(daemon=True)
+        self.execution_id = execution_id
+        self.worker = worker
+        self.sandbox = sandbox
+        self.cancelled = False
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        from django.db import connection
+
+        interval = max(0.5, settings.KEYSTONE_EXECUTION_LEASE_SECONDS / 3)
+        try:
+            while not self._stop_event.wait(interval):
+                lease = timezone.now() + timedelta(
+                    seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS
+                )
+                Execution.objects.filter(pk=self.execution_id, claimed_by=self.worker).update(
+                    lease_expires=lease
+                )
+                if Run.objects.filter(
+                    executions=self.execution_id, status=RunStatus.CANCELLED
+                ).exists():
+                    self.cancelled = True
+                    self.sandbox.stop_all()
+                    return
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+
+
+def _baseline_output(execution: Execution) -> str | None:
+    """The no-chaos output of the same prompt and replica, for behavior_unchanged (auto)."""
+    if execution.pillar != "chaos":
+        return None
+    reference = (
+        Execution.objects.filter(
+            run_id=execution.run_id,
+            pillar="contract",
+            prompt_index=execution.prompt_index,
+            status=ExecutionStatus.SUCCESS,
+        )
+        .order_by("replica")
+        .values_list("final_output", flat=True)
+        .first()
+    )
+    return reference
+
+
+def execution_requeue_expired(*, enqueue: bool = True) -> list[int]:
+    """Executions whose worker died (lease expired) or whose message was lost: send again.
+    Claiming stays conditional, so a duplicate message can never run an execution twice.
+    The embedded worker passes enqueue=False and runs the returned ids itself."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
+    # A message sent within the lease time is still on its way (or queued behind others):
+    # sending it again every beat tick would only flood the broker.
+    not_sent_lately = Q(enqueued_at__lt=stale) | Q(enqueued_at__isnull=True, created__lt=stale)
+    ids = list(
+        Execution.objects.filter(run__status=RunStatus.RUNNING)
+        .filter(
+            Q(status=ExecutionStatus.RUNNING, lease_expires__lt=now)
+            & (Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale))
+            | Q(status=ExecutionStatus.PENDING) & not_sent_lately
+        )
+        .order_by("id")
+        .values_list("id", flat=True)[:1000]
+    )
+    if enqueue:
+        execution_enqueue(execution_ids=ids)
+    return ids
+
+
+def execution_enqueue(*, execution_ids: list[int]) -> None:
+    """Send an execution_run task for each execution, noting when (Execution.enqueued_at)."""
+    for start in range(0, len(execution_ids), 500):
+        batch = execution_ids[start : start + 500]
+        Execution.objects.filter(pk__in=batch).update(enqueued_at=timezone.now())
+        for execution_id in batch:
+            queue.execution_send(execution_id)

@@ -1,0 +1,155 @@
+"""Projects and their members, the default project and the demo."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from evaluations.models import (
+    Membership,
+    Project,
+    Role,
+)
+from evaluations.services.specs import spec_version_create
+
+logger = logging.getLogger(__name__)
+
+
+class MembershipError(ValueError):
+    """A project or membership change that is refused; the message says why, for people."""
+
+
+def project_create(*, name: str, slug: str, created_by: Any) -> Project:
+    """A new project whose creator is its first admin (a project always has one)."""
+    name, slug = name.strip(), slug.strip()
+    if not name:
+        raise MembershipError("The project needs a name.")
+    if not slug:
+        raise MembershipError("The project needs a slug (letters, digits and dashes).")
+    with transaction.atomic():
+        if Project.objects.filter(slug=slug).exists():
+            raise MembershipError(f"A project with the slug {slug!r} already exists.")
+        project = Project.objects.create(name=name, slug=slug)
+        Membership.objects.create(project=project, user=created_by, role=Role.ADMIN)
+    return project
+
+
+def _role(value: str) -> Role:
+    try:
+        return Role(value)
+    except ValueError:
+        choices = ", ".join(Role.values)
+        raise MembershipError(f"Unknown role {value!r}: choose one of {choices}.") from None
+
+
+def _lock_admins(project: Project) -> int:
+    """Lock the project's admin memberships and count them. Two admins demoting each other
+    at the same moment are serialised here, so neither can leave the project adminless."""
+    return len(
+        Membership.objects.select_for_update()
+        .filter(project=project, role=Role.ADMIN)
+        .values_list("pk", flat=True)
+    )
+
+
+def membership_add(*, project: Project, username: str, role: str) -> Membership:
+    from django.contrib.auth import get_user_model
+
+    new_role = _role(role)
+    username = username.strip()
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise MembershipError(f"There is no active user named {username!r}.")
+    with transaction.atomic():
+        existing = Membership.objects.filter(project=project, user=user).first()
+        if existing is not None:
+            raise MembershipError(
+                f"{username} is already a member ({existing.role}); change the role instead."
+            )
+        return Membership.objects.create(project=project, user=user, role=new_role)
+
+
+def _membership_to_change(
+    *, project: Project, membership_id: int, stays_admin: bool, last_admin_advice: str
+) -> Membership:
+    """The project's membership, locked with its admins (call inside a transaction). Refused
+    when it is not in this project, or when it is the last admin and would stop being one;
+    `last_admin_advice` ends that message."""
+    admins = _lock_admins(project)
+    membership = (
+        Membership.objects.select_for_update(of=("self",))
+        .select_related("user")
+        .filter(project=project, pk=membership_id)
+        .first()
+    )
+    if membership is None:
+        raise MembershipError("That membership is not part of this project.")
+    if membership.role == Role.ADMIN and not stays_admin and admins <= 1:
+        raise MembershipError(
+            f"{membership.user.get_username()} is the only admin of {project.name}: "
+            + last_admin_advice
+        )
+    return membership
+
+
+def membership_set_role(*, project: Project, membership_id: int, role: str) -> Membership:
+    new_role = _role(role)
+    with transaction.atomic():
+        membership = _membership_to_change(
+            project=project,
+            membership_id=membership_id,
+            stays_admin=new_role == Role.ADMIN,
+            last_admin_advice="make someone else admin first.",
+        )
+        membership.role = new_role
+        membership.save(update_fields=["role"])
+        return membership
+
+
+def membership_remove(*, project: Project, membership_id: int) -> None:
+    with transaction.atomic():
+        membership = _membership_to_change(
+            project=project,
+            membership_id=membership_id,
+            stays_admin=False,
+            last_admin_advice="make someone else admin before removing them.",
+        )
+        membership.delete()
+
+
+def project_default() -> Project:
+    """The project the CLI records its runs in when none is named."""
+    project, _ = Project.objects.get_or_create(slug="default", defaults={"name": "Default"})
+    return project
+
+
+def demo_load() -> list[str]:
+    """Store the example specs in the default project (idempotent), for `keystone serve --demo`."""
+    from django.contrib.auth import get_user_model
+
+    from evaluations.models import Membership, Role
+
+    project = project_default()
+    lines = []
+    examples = Path(settings.BASE_DIR) / "examples" / "specs"
+    for path in sorted(examples.glob("*.yaml")):
+        version = spec_version_create(
+            project=project,
+            source_yaml=path.read_text(encoding="utf-8"),
+            source_name=str(path),
+            base_dir=str(examples.resolve()),
+        )
+        lines.append(f"demo spec {version.spec.slug} v{version.number}")
+    user_model = get_user_model()
+    if not user_model.objects.filter(username="demo").exists():
+        # A local demo only (--demo): the operator views are the way to browse runs for now.
+        user = user_model.objects.create_user(
+            "demo", password="demo", is_staff=True, is_superuser=True
+        )
+        Membership.objects.get_or_create(project=project, user=user, defaults={"role": Role.ADMIN})
+        lines.append("demo user: demo / demo (admin of the default project)")
+    return lines

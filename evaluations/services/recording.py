@@ -1,0 +1,180 @@
+"""Recording an execution's outcome exactly once: status, check results, scores and
+artifacts; the last execution of a run hands the run to finalisation."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.core.files.base import ContentFile
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from checks.report_model import ExecutionRecord
+from checks.results import ERROR_CODES
+from checks.scoring import score_execution
+from checks.spec.model import Spec as EngineSpec
+from evaluations import queue
+from evaluations.models import (
+    Artifact,
+    ArtifactKind,
+    CheckResult,
+    Execution,
+    ExecutionStatus,
+    Run,
+    RunStatus,
+    sha256_hex,
+)
+from evaluations.services.runs import run_warning_add
+
+logger = logging.getLogger(__name__)
+
+
+def execution_record(*, execution_id: int, worker: str, outcome: Any, spec: EngineSpec) -> None:
+    """Write an execution's results exactly once: only the worker holding the claim writes,
+    and the unique constraints refuse a second set of results."""
+    artifact = outcome.artifact
+    status = artifact.status
+    if status == "success" and any(r.failure_code in ERROR_CODES for r in outcome.results):
+        status = ExecutionStatus.ERROR
+    with transaction.atomic():
+        execution = (
+            Execution.objects.select_for_update()
+            .filter(pk=execution_id, claimed_by=worker, status=ExecutionStatus.RUNNING)
+            .first()
+        )
+        if execution is None:
+            return  # another worker took over after our lease expired, and owns the results
+        record = ExecutionRecord.from_artifact(
+            artifact,
+            outcome.results,
+            id=str(execution.pk),
+            scenario=execution.scenario,
+            forbidden_violations=outcome.forbidden_violations,
+        )
+        score = score_execution(record, pass_threshold=spec.scoring.pass_threshold)
+        try:
+            with transaction.atomic():
+                CheckResult.objects.bulk_create(
+                    [
+                        CheckResult.from_engine(_storable_result(r), execution=execution)
+                        for r in outcome.results
+                    ]
+                )
+        except IntegrityError:
+            return
+        _store_artifacts(execution, artifact)
+        cap = settings.KEYSTONE_FINAL_OUTPUT_MAX_CHARS
+        execution.status = status
+        execution.composite = score.composite
+        execution.passed = score.passed
+        execution.finished = timezone.now()
+        execution.duration_ms = artifact.duration_ms
+        execution.agent_cpu_ms = outcome.agent_cpu_ms
+        execution.cost_usd = artifact.cost_usd
+        execution.input_tokens = artifact.input_tokens
+        execution.output_tokens = artifact.output_tokens
+        execution.tool_call_count = len(artifact.all_tool_calls())
+        execution.tool_error_count = len(artifact.failed_tool_calls())
+        execution.final_output = _storable(artifact.final_output[:cap])
+        execution.error = _storable(artifact.error or "")
+        execution.forbidden_violations = outcome.forbidden_violations
+        execution.lease_expires = None
+        execution.save()
+        for warning in outcome.warnings:
+            if warning:
+                run_warning_add(run_id=execution.run_id, warning=warning)
+        _count_done(execution.run_id)
+
+
+def _storable(value: Any) -> Any:
+    """PostgreSQL text and jsonb refuse NUL characters, which agents (and the garbage LLM
+    fault) do produce: they are stored as U+FFFD. The artifact files keep the exact bytes."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(v) for v in value]
+    return value
+
+
+def _storable_result(result: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(result, message=_storable(result.message), details=_storable(result.details))
+
+
+def execution_record_error(*, execution_id: int, worker: str, error: str) -> None:
+    with transaction.atomic():
+        updated = Execution.objects.filter(
+            pk=execution_id, claimed_by=worker, status=ExecutionStatus.RUNNING
+        ).update(
+            status=ExecutionStatus.ERROR,
+            error=error[:10000],
+            composite=0.0,
+            passed=False,
+            finished=timezone.now(),
+            lease_expires=None,
+        )
+        if updated:
+            run_id = Execution.objects.values_list("run_id", flat=True).get(pk=execution_id)
+            _count_done(run_id)
+
+
+def _count_done(run_id: int) -> None:
+    """Count one more finished execution; the last one hands the run to run_finalize."""
+    Run.objects.filter(pk=run_id).update(executions_done=F("executions_done") + 1)
+    run = Run.objects.only("executions_done", "execution_count", "status").get(pk=run_id)
+    if run.executions_done >= run.execution_count and run.status == RunStatus.RUNNING:
+        claimed = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
+            status=RunStatus.FINALIZING
+        )
+        if claimed:
+            queue.run_finalize_later(run_id)
+
+
+_EMPTY_TRACE = '{"llm_calls": [], "tool_calls": []}'
+
+
+def _store_artifacts(execution: Execution, artifact: Any) -> None:
+    """Large blobs go to Django storage; the rows keep only their names, sizes and hashes."""
+    blobs: dict[str, tuple[str, str]] = {
+        ArtifactKind.STDOUT: ("stdout.txt", artifact.stdout),
+        ArtifactKind.STDERR: ("stderr.txt", artifact.stderr),
+        ArtifactKind.TRACE: (
+            "trace.json",
+            _json({"llm_calls": artifact.llm_calls, "tool_calls": artifact.tool_calls}),
+        ),
+        ArtifactKind.WORKSPACE_DIFF: ("workspace_diff.json", _json(artifact.workspace_diff)),
+        ArtifactKind.HTTP_LOG: ("http_log.json", _json(artifact.http_calls)),
+        ArtifactKind.DB_WRITES: ("db_writes.json", _json(artifact.db_writes)),
+        ArtifactKind.ARTIFACT_JSON: ("artifact.json", _json(artifact.to_dict())),
+    }
+    for kind, (name, text) in blobs.items():
+        if not text or text in ("[]", "{}", _EMPTY_TRACE):
+            continue
+        data = text.encode()
+        row = Artifact(
+            execution=execution, kind=kind, name=name, size=len(data), sha256=sha256_hex(data)
+        )
+        row.truncated = "truncated" in text[-200:] and kind in (
+            ArtifactKind.STDOUT,
+            ArtifactKind.STDERR,
+        )
+        row.file.save(name, ContentFile(data), save=False)
+        row.save()
+
+
+def _json(value: Any) -> str:
+    from dataclasses import asdict, is_dataclass
+
+    def default(obj: Any) -> Any:
+        if is_dataclass(obj) and not isinstance(obj, type):
+            return asdict(obj)
+        return str(obj)
+
+    return json.dumps(value, default=default, ensure_ascii=False)

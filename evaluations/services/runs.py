@@ -1,0 +1,283 @@
+"""Runs: create, plan into executions (contract, chaos, mutation and replay pillars),
+cancel, re-run the failed ones, and warnings shown on the run."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from checks.planning import (
+    PlannedExecution,
+    plan_run,
+    select_planned,
+    validate_selection,
+)
+from checks.spec.model import Spec as EngineSpec
+from evaluations import queue
+from evaluations.models import (
+    Execution,
+    ExecutionStatus,
+    Run,
+    RunStatus,
+    SpecVersion,
+    Trigger,
+)
+from evaluations.services.replay import execution_replay_session
+
+logger = logging.getLogger(__name__)
+
+
+def run_create(
+    *,
+    spec_version: SpecVersion,
+    trigger: str = Trigger.WEB,
+    labels: dict[str, str] | None = None,
+    replicas: int | None = None,
+    scenarios: list[str] | None = None,
+    spec_dir: str | None = None,
+    seed: int = 0,
+    created_by: Any = None,
+    enqueue: bool = True,
+    only: list[dict[str, Any]] | None = None,
+    judge_cache: bool = True,
+) -> Run:
+    """A queued run; its planning is handed to a worker once the row is committed.
+    `only` keeps part of the plan (checks.planning.select_planned): the failed groups of an
+    earlier run, or the one execution a reproducer command names. `judge_cache=False` makes
+    the run's judge neither read nor write cached verdicts."""
+    labels = {str(k): str(v) for k, v in (labels or {}).items()}
+    if scenarios:
+        known = {
+            s["name"] for s in spec_version.parsed.get("chaos_matrix") or [{"name": "no-chaos"}]
+        }
+        unknown = [name for name in scenarios if name not in known]
+        if unknown:
+            raise ValueError(
+                f"unknown scenario {unknown[0]!r}; the spec has: {', '.join(sorted(known))}"
+            )
+    options: dict[str, Any] = {
+        "scenarios": scenarios or [],
+        # Relative files resolve against the directory given for this run, else the one
+        # the version was read from.
+        "spec_dir": spec_dir or spec_version.base_dir,
+        "seed": seed,
+    }
+    if not judge_cache:
+        options["judge_cache"] = False
+    if only is not None:
+        options["only"] = _checked_selection(spec_version, only, replicas, scenarios)
+    run = Run.objects.create(
+        project=spec_version.spec.project,
+        spec=spec_version.spec,
+        spec_version=spec_version,
+        trigger=trigger,
+        labels=labels,
+        git_sha=labels.get("git_sha", ""),
+        branch=labels.get("branch", ""),
+        replicas_override=replicas,
+        options=options,
+        created_by=created_by,
+    )
+    if enqueue:
+        queue.run_plan_later(run.pk)
+    return run
+
+
+def _checked_selection(
+    spec_version: SpecVersion,
+    only: list[dict[str, Any]],
+    replicas: int | None,
+    scenarios: list[str] | None,
+) -> list[dict[str, Any]]:
+    """A selection that keeps at least one execution of this spec: a run that would plan
+    nothing is refused when it is asked for, not discovered empty later."""
+    selection = validate_selection(only)
+    # Mutants and replay sessions are generated when the run is planned (maybe by a model),
+    # so only selectors of the scenario x prompt matrix are checked here.
+    matrix = [s for s in selection if s.get("pillar") not in ("mutation", "replay")]
+    if not matrix:
+        return selection
+    plan = plan_run(
+        EngineSpec.from_dict(spec_version.parsed), replicas=replicas, scenarios=scenarios or None
+    )
+    if not select_planned(plan, matrix):
+        described = "; ".join(
+            ", ".join(f"{name}={value}" for name, value in selector.items())
+            for selector in selection
+        )
+        raise ValueError(f"no execution of this spec matches the selection ({described})")
+    return selection
+
+
+def engine_spec(run: Run) -> EngineSpec:
+    return EngineSpec.from_dict(run.spec_version.parsed)
+
+
+def run_plan(*, run_id: int) -> list[int]:
+    """Create the run's Execution rows (once, whatever the number of calls) and return the
+    ids still to execute."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().select_related("spec_version").get(pk=run_id)
+        if run.status == RunStatus.QUEUED:
+            spec = engine_spec(run)
+            mutants, sessions, warnings = _pillar_inputs(run, spec)
+            planned = plan_run(
+                spec,
+                replicas=run.replicas_override,
+                scenarios=run.options.get("scenarios") or None,
+                mutations=mutants,
+                replay_sessions=sessions,
+            )
+            planned = select_planned(planned, run.options.get("only"))
+            rows = [_execution_row(run, p) for p in planned]
+            Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
+            run.execution_count = run.executions.count()
+            run.status = RunStatus.RUNNING
+            run.started = timezone.now()
+            run.warnings = [*run.warnings, *(w for w in warnings if w not in run.warnings)]
+            run.save(update_fields=["execution_count", "status", "started", "warnings"])
+    return list(
+        Execution.objects.filter(run_id=run_id, status=ExecutionStatus.PENDING)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+
+
+def _pillar_inputs(
+    run: Run, spec: EngineSpec
+) -> tuple[list[tuple[int, str, int, str]], list[dict[str, Any]], list[str]]:
+    """The mutants and replay sessions of a run, and warnings. A run limited to some
+    scenarios (`--scenario`) runs only those: the mutation and replay pillars belong to
+    full runs."""
+    from evaluations.runner.mutations import plan_mutants
+    from evaluations.runner.replay import plan_sessions
+
+    selection = run.options.get("only") or []
+    reproduces_extra = any(s.get("pillar") in ("mutation", "replay") for s in selection)
+    if run.options.get("scenarios") and not reproduces_extra:
+        return [], [], []
+    run_seed = int(run.options.get("seed", 0))
+    mutation_config = spec.raw.get("mutations")
+    ask_model = None
+    if (mutation_config or {}).get("use_llm") and spec.raw.get("llm"):
+        ask_model = _mutation_writer(run, spec)
+    mutants, warnings = plan_mutants(
+        mutation_config, spec.prompts, run_seed=run_seed, ask_model=ask_model
+    )
+    sessions, replay_warnings = plan_sessions(
+        spec.raw.get("replay"),
+        base_dir=run.options.get("spec_dir") or None,
+        from_execution=lambda execution_id: execution_replay_session(
+            execution_id=execution_id, project_id=run.project_id
+        ),
+    )
+    return mutants, sessions, warnings + replay_warnings
+
+
+def _mutation_writer(run: Run, spec: EngineSpec) -> Any:
+    """`ask_model(prompt, type)` through a gateway on the spec's llm (scripted or upstream,
+    the key kept server-side), for `mutations.use_llm`."""
+    import openai
+
+    from evaluations.runner.gateway import Gateway
+    from evaluations.runner.mutations import generate_with_llm
+
+    llm = spec.raw["llm"]
+
+    def ask(prompt: str, mutation_type: str) -> str:
+        with Gateway(llm, secrets=run_secrets(run)) as gateway:
+            return generate_with_llm(
+                prompt,
+                mutation_type,
+                lambda: openai.OpenAI(
+                    base_url=gateway.base_url, api_key=gateway.api_key, max_retries=1
+                ),
+                model=str(llm.get("model") or "gpt-4o-mini"),
+            )
+
+    return ask
+
+
+def _execution_row(run: Run, planned: PlannedExecution) -> Execution:
+    return Execution(
+        run=run,
+        project_id=run.project_id,
+        key=planned.key,
+        scenario=planned.scenario,
+        prompt_index=planned.prompt_index,
+        replica=planned.replica,
+        invariant_id=planned.isolated_invariant,
+        pillar=planned.pillar,
+        mutation_type=planned.mutation_type or "",
+        prompt=planned.prompt,
+        plan=planned.to_dict(),
+    )
+
+
+def run_cancel(*, run_id: int) -> None:
+    """Stop a run: nothing pending starts, running sandboxes are stopped by their workers."""
+    with transaction.atomic():
+        updated = Run.objects.filter(
+            pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.PLANNING, RunStatus.RUNNING]
+        ).update(status=RunStatus.CANCELLED, finished=timezone.now())
+        if updated:
+            Execution.objects.filter(run_id=run_id, status=ExecutionStatus.PENDING).update(
+                status=ExecutionStatus.ERROR, error="cancelled", finished=timezone.now()
+            )
+
+
+def run_rerun_failed(*, run_id: int, created_by: Any = None, enqueue: bool = True) -> Run:
+    """A new run of the same spec version, replicas, scenarios and seed that executes only
+    the (scenario x prompt) groups whose verdict failed in the finished run `run_id`, every
+    replica of each, so the new run gives those groups a fresh verdict and pass@k."""
+    run = Run.objects.select_related("spec_version__spec").get(pk=run_id)
+    if run.status != RunStatus.COMPLETED:
+        raise ValueError(f"run {run.pk} is {run.status}: only a completed run has verdicts")
+    failed = [group for group in run.summary.get("groups") or [] if not group.get("passed")]
+    if not failed:
+        raise ValueError(f"run {run.pk} has no failed group to re-run")
+    selection = [
+        {
+            "pillar": group["pillar"],
+            "scenario": group["scenario"],
+            "prompt_index": group["prompt_index"],
+            "mutation_type": group.get("mutation_type") or "",
+        }
+        for group in failed
+    ]
+    return run_create(
+        spec_version=run.spec_version,
+        trigger=Trigger.WEB,
+        labels={**run.labels, "rerun_of": str(run.pk)},
+        replicas=run.replicas_override,
+        scenarios=run.options.get("scenarios") or None,
+        spec_dir=run.options.get("spec_dir") or None,
+        seed=int(run.options.get("seed", 0)),
+        created_by=created_by,
+        enqueue=enqueue,
+        only=selection,
+    )
+
+
+def run_warning_add(*, run_id: int, warning: str) -> None:
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if warning not in run.warnings:
+            run.warnings = [*run.warnings, warning]
+            run.save(update_fields=["warnings"])
+
+
+def run_secrets(run: Run) -> dict[str, str]:
+    """Only the variables the spec names (its `secrets` and the llm's api_key_env)."""
+    import os
+
+    parsed = run.spec_version.parsed
+    names = list(parsed.get("secrets") or [])
+    for block in ("llm", "judge"):
+        key_env = (parsed.get(block) or {}).get("api_key_env")
+        if key_env:
+            names.append(key_env)
+    return {name: os.environ[name] for name in names if name in os.environ}
