@@ -1,32 +1,48 @@
-"""The check registry: one small class per check type, keyed by the spec's `check.type`."""
+"""The check registry: the check types of every family, keyed by the spec's `check.type`.
+
+Registration flows one way: this module lists the families, each family lists its classes
+in `CHECKS` and imports only the engine's types and `checks.families._common`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
-from checks.artifact import RunArtifact
-from checks.context import CheckContext
-from checks.results import Outcome
+from checks.check import Check
+from checks.families import (
+    custom,
+    drift,
+    files,
+    hooks,
+    judge,
+    keywords,
+    output,
+    pii,
+    process,
+    refusal,
+    schema,
+    services,
+    similarity,
+    tool_calls,
+)
 
-
-class Check:
-    """Base class. Subclasses set `type` (and `aliases`), and implement `evaluate`.
-
-    `config` is the invariant's `check` mapping, already validated by the JSON Schema.
-    `family` names what the check is about (used by suite gates such as pii_failures_max).
-    """
-
-    type: ClassVar[str]
-    aliases: ClassVar[tuple[str, ...]] = ()
-    needs_service: ClassVar[bool] = False
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.config = config
-
-    def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
-        raise NotImplementedError
-
+FAMILIES = (
+    custom,
+    drift,
+    files,
+    hooks,
+    judge,
+    keywords,
+    output,
+    pii,
+    process,
+    refusal,
+    schema,
+    services,
+    similarity,
+    tool_calls,
+)
 
 REGISTRY: dict[str, type[Check]] = {}
 
@@ -39,26 +55,19 @@ def register(cls: type[Check]) -> type[Check]:
     return cls
 
 
+for _family in FAMILIES:
+    for _check in _family.CHECKS:
+        register(_check)
+
+
 def check_types() -> list[str]:
-    _load_families()
     return sorted(REGISTRY)
 
 
 def get_check_class(type_name: str) -> type[Check]:
-    _load_families()
     return REGISTRY[type_name]
 
 
-_loaded = False
-
-
-def _load_families() -> None:
-    # Importing the families registers their classes; done lazily to avoid an import cycle.
-    global _loaded
-    if not _loaded:
-        import checks.families  # noqa: F401
-
-        _loaded = True
-
-
 CheckFactory = Callable[[dict[str, Any]], Check]
+
+__all__ = ["REGISTRY", "Check", "CheckFactory", "check_types", "get_check_class", "register"]

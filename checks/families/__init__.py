@@ -1,18 +1,2 @@
-"""One module per check family; importing this package registers every check type."""
-
-from checks.families import (  # noqa: F401  (imported for their @register side effect)
-    custom,
-    drift,
-    files,
-    hooks,
-    judge,
-    keywords,
-    output,
-    pii,
-    process,
-    refusal,
-    schema,
-    services,
-    similarity,
-    tool_calls,
-)
+"""One module per check family. Each lists its check classes in `CHECKS`; checks.registry
+lists the families, so registration flows one way and importing this package loads nothing."""

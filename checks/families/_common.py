@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from checks.artifact import RunArtifact
-from checks.context import CheckContext, JudgeError
-from checks.registry import Check
+from checks.check import Check
+from checks.context import CheckContext, JudgeError, ServiceHandle
 from checks.results import FailureCode, Outcome
 
 TAIL_BYTES = 2048  # how much of stdout/stderr a reviewer gets in details
@@ -202,3 +202,53 @@ def normalise(text: str) -> str:
     'sebastian'. Used wherever the contract asks for forgiving matching."""
     decomposed = unicodedata.normalize("NFKD", text.casefold())
     return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+
+
+def json_equal(actual: Any, expected: Any) -> bool:
+    """Deep equality of JSON values where true != 1 (Python's == says otherwise) and 1 == 1.0."""
+    if isinstance(actual, bool) or isinstance(expected, bool):
+        return isinstance(actual, bool) and isinstance(expected, bool) and actual == expected
+    if isinstance(actual, int | float) and isinstance(expected, int | float):
+        return float(actual) == float(expected)
+    if isinstance(actual, dict) and isinstance(expected, dict):
+        return actual.keys() == expected.keys() and all(
+            json_equal(actual[k], expected[k]) for k in expected
+        )
+    if isinstance(actual, list) and isinstance(expected, list):
+        return len(actual) == len(expected) and all(
+            json_equal(a, e) for a, e in zip(actual, expected, strict=True)
+        )
+    return bool(type(actual) is type(expected) and actual == expected)
+
+
+def verdict_from(
+    result: dict[str, Any], default_fail: FailureCode = FailureCode.PATTERN_FAILED
+) -> Outcome:
+    """{passed, score?, reason?, details?, failure_code?} -> Outcome (custom scripts and hooks)."""
+    passed = bool(result.get("passed"))
+    score = result.get("score")
+    if isinstance(score, bool) or not isinstance(score, int | float):
+        score = 1.0 if passed else 0.0
+    score = min(1.0, max(0.0, float(score)))
+    reason = str(result.get("reason") or ("passed" if passed else "failed"))
+    details = result.get("details")
+    extra = (
+        dict(details)
+        if isinstance(details, dict)
+        else ({"details": details} if details is not None else {})
+    )
+    if passed:
+        return Outcome(True, score, None, reason, extra)
+    code = default_fail
+    own = result.get("failure_code")
+    if isinstance(own, str) and own in FailureCode.__members__:
+        code = FailureCode(own)
+    return Outcome(False, score, code, reason, extra)
+
+
+def get_service(context: CheckContext, name: str) -> ServiceHandle:
+    service = context.services.get(name)
+    if service is None:
+        known = ", ".join(sorted(context.services)) or "none"
+        raise ConfigError(f"service {name!r} is not defined for this execution (services: {known})")
+    return service

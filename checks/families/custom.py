@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.artifact import RunArtifact
+from checks.check import Check
 from checks.context import CheckContext, CommandResult
 from checks.families._common import (
     ConfigError,
@@ -26,10 +27,10 @@ from checks.families._common import (
     guarded,
     resolve_inside,
     tail,
+    verdict_from,
     workspace_root,
 )
-from checks.registry import Check, register
-from checks.results import FailureCode, Outcome
+from checks.results import Outcome
 
 SANDBOX_SCRIPT_DIR = ".keystone/checks"
 
@@ -66,32 +67,6 @@ def parse_script_output(stdout: str) -> dict[str, Any]:
     raise ConfigError(f"the script's stdout is not a JSON object: {tail(text, 300)!r}")
 
 
-def verdict_from(
-    result: dict[str, Any], default_fail: FailureCode = FailureCode.PATTERN_FAILED
-) -> Outcome:
-    """{passed, score?, reason?, details?, failure_code?} -> Outcome (custom scripts and hooks)."""
-    passed = bool(result.get("passed"))
-    score = result.get("score")
-    if isinstance(score, bool) or not isinstance(score, int | float):
-        score = 1.0 if passed else 0.0
-    score = min(1.0, max(0.0, float(score)))
-    reason = str(result.get("reason") or ("passed" if passed else "failed"))
-    details = result.get("details")
-    extra = (
-        dict(details)
-        if isinstance(details, dict)
-        else ({"details": details} if details is not None else {})
-    )
-    if passed:
-        return Outcome(True, score, None, reason, extra)
-    code = default_fail
-    own = result.get("failure_code")
-    if isinstance(own, str) and own in FailureCode.__members__:
-        code = FailureCode(own)
-    return Outcome(False, score, code, reason, extra)
-
-
-@register
 class CustomCheck(Check):
     type = "custom"
 
@@ -190,3 +165,7 @@ class CustomCheck(Check):
             return runner(command, stdin=stdin, timeout=timeout)
         finally:
             target.unlink(missing_ok=True)
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (CustomCheck,)

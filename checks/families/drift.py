@@ -11,11 +11,18 @@ import json
 from typing import Any
 
 from checks.artifact import RunArtifact
+from checks.check import Check
 from checks.context import CheckContext
-from checks.families._common import ConfigError, get_number, get_str, get_str_list, guarded, preview
+from checks.families._common import (
+    ConfigError,
+    get_number,
+    get_str,
+    get_str_list,
+    guarded,
+    json_equal,
+    preview,
+)
 from checks.families.similarity import embedding_similarity, lexical_similarity
-from checks.families.tool_calls import json_equal
-from checks.registry import Check, register
 from checks.results import FailureCode, Outcome
 
 MAX_EDIT_CHARS = 5000  # edit distance is O(n*m); beyond this, compare the prefixes
@@ -98,7 +105,6 @@ def field_diff(
     return (sum(per_field.values()) / len(per_field) if per_field else 0.0), per_field
 
 
-@register
 class DriftCheck(Check):
     type = "drift"
 
@@ -166,3 +172,7 @@ class DriftCheck(Check):
         if not isinstance(answer, dict) or not isinstance(answer.get("drift_score"), int | float):
             raise ConfigError("the judge's drift answer has no numeric drift_score")
         return float(answer["drift_score"]), str(answer.get("reasoning", ""))
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (DriftCheck,)

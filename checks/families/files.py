@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.artifact import FileChange, RunArtifact
+from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import (
     ConfigError,
@@ -24,7 +25,6 @@ from checks.families._common import (
     workspace_file,
     workspace_root,
 )
-from checks.registry import Check, register
 from checks.results import FailureCode, Outcome
 
 
@@ -38,7 +38,6 @@ def _kind(path: Path) -> str:
     return "special file"
 
 
-@register
 class FileExistsCheck(Check):
     type = "file_exists"
 
@@ -59,7 +58,6 @@ class FileExistsCheck(Check):
         )
 
 
-@register
 class FileAbsentCheck(Check):
     type = "file_absent"
 
@@ -77,7 +75,6 @@ class FileAbsentCheck(Check):
         return Outcome.ok(f"nothing at {relative}", path=relative)
 
 
-@register
 class PathExistsCheck(Check):
     type = "path_exists"
 
@@ -115,7 +112,6 @@ def _content_failures(
     return failures
 
 
-@register
 class FileContentCheck(Check):
     type = "file_content"
 
@@ -153,7 +149,6 @@ class FileContentCheck(Check):
         return Outcome.ok(f"{relative} satisfies every content condition", path=relative)
 
 
-@register
 class FileContainsCheck(Check):
     type = "file_contains"
 
@@ -184,7 +179,6 @@ def _ends_with(path: str, suffix: str) -> bool:
     return path == suffix or path.endswith("/" + suffix)
 
 
-@register
 class WorkspaceFilePresentCheck(Check):
     type = "workspace_file_present"
 
@@ -264,3 +258,14 @@ class WorkspaceFilePresentCheck(Check):
             if target.is_file():
                 return relative, read_text(target)
         return None, None
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (
+    FileExistsCheck,
+    FileAbsentCheck,
+    PathExistsCheck,
+    FileContentCheck,
+    FileContainsCheck,
+    WorkspaceFilePresentCheck,
+)

@@ -10,10 +10,16 @@ from collections.abc import Callable
 from typing import Any
 
 from checks.artifact import RunArtifact
+from checks.check import Check
 from checks.context import CheckContext
-from checks.families._common import ConfigError, get_optional_str, get_str, guarded, resolve_inside
-from checks.families.custom import verdict_from
-from checks.registry import Check, register
+from checks.families._common import (
+    ConfigError,
+    get_optional_str,
+    get_str,
+    guarded,
+    resolve_inside,
+    verdict_from,
+)
 from checks.results import Outcome
 
 
@@ -48,7 +54,6 @@ def load_hook(config: dict[str, Any], context: CheckContext) -> Callable[..., An
     return function
 
 
-@register
 class PythonHookCheck(Check):
     type = "python_hook"
 
@@ -71,3 +76,7 @@ class PythonHookCheck(Check):
         raise ConfigError(
             f"hook {name} returned {type(result).__name__}; expected bool or dict with 'passed'"
         )
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (PythonHookCheck,)

@@ -11,18 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from checks.artifact import RunArtifact
+from checks.check import Check
 from checks.context import CheckContext, JudgeError
 from checks.families._common import (
     ConfigError,
     get_number,
+    get_service,
     get_str,
     guarded,
     preview,
     read_text,
     workspace_file,
 )
-from checks.families.services import FieldMissing, get_service, resolve_field
-from checks.registry import Check, register
+from checks.families.services import FieldMissing, resolve_field
 from checks.results import FailureCode, Outcome
 
 _ERROR_CODES = {
@@ -58,7 +59,6 @@ def judged_input(source: str, artifact: RunArtifact, context: CheckContext) -> s
     return value if isinstance(value, str) else str(value)
 
 
-@register
 class JudgeCheck(Check):
     type = "llm_as_judge"
     aliases = ("judge",)
@@ -163,3 +163,7 @@ def _judge_details(
 
 def _int(value: Any) -> int:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (JudgeCheck,)

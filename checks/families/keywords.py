@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from checks.artifact import RunArtifact
+from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import ConfigError, get_str_list, guarded, quote, snippet
-from checks.registry import Check, register
 from checks.results import FailureCode, Outcome
 
 
-@register
 class KeywordsCheck(Check):
     type = "keywords"
 
@@ -51,3 +50,7 @@ class KeywordsCheck(Check):
                 allow=allow,
             )
         return Outcome.ok("keyword guardrails hold", allowed_found=allowed_found)
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (KeywordsCheck,)

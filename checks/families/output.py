@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from checks.artifact import RunArtifact
+from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import (
     compile_regex,
@@ -19,7 +20,6 @@ from checks.families._common import (
     quote,
     snippet,
 )
-from checks.registry import Check, register
 from checks.results import FailureCode, Outcome
 
 
@@ -40,7 +40,6 @@ def _listing(values: list[str]) -> str:
     return ", ".join(quote(v, 60) for v in values)
 
 
-@register
 class ContainsCheck(Check):
     type = "contains"
 
@@ -59,7 +58,6 @@ class ContainsCheck(Check):
         return Outcome.ok(f"output contains {_listing(values)}", found=values)
 
 
-@register
 class NotContainsCheck(Check):
     type = "not_contains"
 
@@ -82,7 +80,6 @@ class NotContainsCheck(Check):
         return Outcome.ok(f"output contains none of {_listing(values)}")
 
 
-@register
 class ContainsAnyCheck(Check):
     type = "contains_any"
 
@@ -101,7 +98,6 @@ class ContainsAnyCheck(Check):
         return Outcome.ok(f"output contains {_listing(found)}", found=found)
 
 
-@register
 class RegexCheck(Check):
     type = "regex"
 
@@ -126,7 +122,6 @@ class RegexCheck(Check):
         )
 
 
-@register
 class ExcludesPatternCheck(Check):
     type = "excludes_pattern"
 
@@ -157,7 +152,6 @@ class ExcludesPatternCheck(Check):
         return Outcome.ok(f"output matches none of {len(patterns)} excluded pattern(s)")
 
 
-@register
 class MaxLengthCheck(Check):
     type = "max_length"
 
@@ -175,7 +169,6 @@ class MaxLengthCheck(Check):
         return Outcome.ok(f"output length {length} <= {limit}", length=length, max=limit)
 
 
-@register
 class OutputNotEmptyCheck(Check):
     type = "output_not_empty"
 
@@ -191,7 +184,6 @@ class OutputNotEmptyCheck(Check):
         return Outcome.ok(f"output has {len(output)} characters")
 
 
-@register
 class CompletesCheck(Check):
     type = "completes"
 
@@ -208,7 +200,6 @@ class CompletesCheck(Check):
         return Outcome.ok("execution completed successfully")
 
 
-@register
 class ValidJsonCheck(Check):
     type = "valid_json"
 
@@ -224,3 +215,17 @@ class ValidJsonCheck(Check):
                 output_preview=preview(output),
             )
         return Outcome.ok("output is valid JSON")
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (
+    ContainsCheck,
+    NotContainsCheck,
+    ContainsAnyCheck,
+    RegexCheck,
+    ExcludesPatternCheck,
+    MaxLengthCheck,
+    OutputNotEmptyCheck,
+    CompletesCheck,
+    ValidJsonCheck,
+)

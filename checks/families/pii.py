@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from checks.artifact import RunArtifact
+from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import ConfigError, compile_regex, get_str_list, guarded
-from checks.registry import Check, register
 from checks.results import FailureCode, Outcome
 
 
@@ -158,7 +158,6 @@ def _detectors(config: dict[str, Any]) -> list[Detector]:
     return detectors
 
 
-@register
 class PiiCheck(Check):
     type = "excludes_pii"
     aliases = ("pii",)
@@ -179,3 +178,7 @@ class PiiCheck(Check):
                 },
             )
         return Outcome.ok(f"no PII found ({len(detectors)} patterns checked)")
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (PiiCheck,)

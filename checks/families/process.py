@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from checks.artifact import EXECUTION_STATUSES, RunArtifact
+from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import (
     MESSAGE_TAIL,
@@ -18,7 +19,6 @@ from checks.families._common import (
     tail,
     workspace_root,
 )
-from checks.registry import Check, register
 from checks.results import FailureCode, Outcome
 
 
@@ -31,7 +31,6 @@ def _stream_summary(stdout: str, stderr: str) -> str:
     return ""
 
 
-@register
 class CommandExitCheck(Check):
     type = "command_exit"
 
@@ -76,7 +75,6 @@ class CommandExitCheck(Check):
         return Outcome.ok(f"command exited with {expected}", **details)
 
 
-@register
 class StatusIsCheck(Check):
     type = "status_is"
 
@@ -102,7 +100,6 @@ def _is_key_output(artifact_type: str) -> bool:
     return artifact_type == "key_output" or artifact_type.endswith("_key_output")
 
 
-@register
 class FinalResponsePresentCheck(Check):
     type = "final_response_present"
 
@@ -128,7 +125,6 @@ class FinalResponsePresentCheck(Check):
         )
 
 
-@register
 class ToolCallCountCheck(Check):
     type = "tool_call_count"
 
@@ -152,7 +148,6 @@ class ToolCallCountCheck(Check):
         return Outcome.ok(f"exactly {expected} tool calls", **details)
 
 
-@register
 class OutputArtifactPresentCheck(Check):
     type = "output_artifact_present"
 
@@ -175,7 +170,6 @@ class OutputArtifactPresentCheck(Check):
         )
 
 
-@register
 class LatencyCheck(Check):
     type = "latency"
 
@@ -193,7 +187,6 @@ class LatencyCheck(Check):
         return Outcome.ok(f"took {took:.0f} ms <= {limit:g} ms", duration_ms=took, max_ms=limit)
 
 
-@register
 class CostCheck(Check):
     type = "cost"
 
@@ -209,3 +202,15 @@ class CostCheck(Check):
                 max_usd=limit,
             )
         return Outcome.ok(f"cost ${spent:.4f} <= ${limit:.4f}", cost_usd=spent, max_usd=limit)
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (
+    CommandExitCheck,
+    StatusIsCheck,
+    FinalResponsePresentCheck,
+    ToolCallCountCheck,
+    OutputArtifactPresentCheck,
+    LatencyCheck,
+    CostCheck,
+)

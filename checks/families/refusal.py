@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from checks.artifact import RunArtifact
+from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import get_str_list, guarded, preview, quote
-from checks.registry import Check, register
 from checks.results import FailureCode, Outcome
 
 # Phrases that mark a refusal. Apostrophes may be straight or typographic.
@@ -35,7 +35,6 @@ def find_refusal(text: str) -> str | None:
     return match.group(0) if match else None
 
 
-@register
 class RefusalCheck(Check):
     type = "refusal_check"
 
@@ -58,3 +57,7 @@ class RefusalCheck(Check):
                 output_preview=preview(output),
             )
         return Outcome.ok(f"the agent refused ({quote(phrase)})", applicable=True, refusal=phrase)
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (RefusalCheck,)

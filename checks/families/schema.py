@@ -9,9 +9,9 @@ from jsonschema import exceptions as jsonschema_exceptions
 from jsonschema import validators
 
 from checks.artifact import RunArtifact
+from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import ConfigError, guarded, preview, read_text, resolve_inside
-from checks.registry import Check, register
 from checks.results import FailureCode, Outcome
 
 MAX_ERRORS = 20
@@ -58,7 +58,6 @@ def schema_errors(schema: dict[str, Any] | bool, instance: Any) -> list[dict[str
     ]
 
 
-@register
 class SchemaCheck(Check):
     type = "schema"
 
@@ -84,3 +83,7 @@ class SchemaCheck(Check):
                 errors=errors,
             )
         return Outcome.ok("output is valid against the schema")
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (SchemaCheck,)

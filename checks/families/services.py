@@ -11,20 +11,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from checks.artifact import RunArtifact
-from checks.context import CheckContext, ServiceHandle
-from checks.families._common import ConfigError, get_str, guarded, preview
-from checks.families.tool_calls import json_equal
-from checks.registry import Check, register
+from checks.check import Check
+from checks.context import CheckContext
+from checks.families._common import ConfigError, get_service, get_str, guarded, json_equal, preview
 from checks.results import FailureCode, Outcome
-
-
-def get_service(context: CheckContext, name: str) -> ServiceHandle:
-    service = context.services.get(name)
-    if service is None:
-        known = ", ".join(sorted(context.services)) or "none"
-        raise ConfigError(f"service {name!r} is not defined for this execution (services: {known})")
-    return service
-
 
 # --- sql ------------------------------------------------------------------------------------
 
@@ -58,7 +48,6 @@ def sql_values_equal(actual: Any, expected: Any) -> bool:
     return str(actual) == str(expected)
 
 
-@register
 class SqlCheck(Check):
     type = "sql"
     needs_service = True
@@ -294,7 +283,6 @@ def _check_assertion(
     return ok, f"{label} is {_show(actual)}, expected to contain {_show(expected)}", actual
 
 
-@register
 class HttpMockAssertionsCheck(Check):
     type = "http_mock_assertions"
     needs_service = True
@@ -330,3 +318,7 @@ class HttpMockAssertionsCheck(Check):
                 **details,
             )
         return Outcome.ok(f"{name}: all {len(results)} assertion(s) hold", **details)
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (SqlCheck, HttpMockAssertionsCheck)

@@ -19,9 +19,9 @@ from collections import Counter
 from typing import Any
 
 from checks.artifact import RunArtifact
+from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import ConfigError, get_number, get_str, guarded, normalise, preview
-from checks.registry import Check, register
 from checks.results import FailureCode, Outcome
 
 _WORD = re.compile(r"\w+")
@@ -103,7 +103,6 @@ def _threshold(config: dict[str, Any], key: str, default: float) -> float:
     return value
 
 
-@register
 class SimilarityCheck(Check):
     type = "similarity"
 
@@ -119,7 +118,6 @@ class SimilarityCheck(Check):
         return outcome
 
 
-@register
 class BehaviorUnchangedCheck(Check):
     type = "behavior_unchanged"
 
@@ -139,3 +137,7 @@ class BehaviorUnchangedCheck(Check):
         )
         outcome.details["baseline"] = "auto" if baseline == "auto" else "text"
         return outcome
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (SimilarityCheck, BehaviorUnchangedCheck)

@@ -15,27 +15,10 @@ from jsonschema import exceptions as jsonschema_exceptions
 from jsonschema import validators
 
 from checks.artifact import RunArtifact, ToolCall
+from checks.check import Check
 from checks.context import CheckContext
-from checks.families._common import ConfigError, guarded, quote
-from checks.registry import Check, register
+from checks.families._common import ConfigError, guarded, json_equal, quote
 from checks.results import FailureCode, Outcome
-
-
-def json_equal(actual: Any, expected: Any) -> bool:
-    """Deep equality of JSON values where true != 1 (Python's == says otherwise) and 1 == 1.0."""
-    if isinstance(actual, bool) or isinstance(expected, bool):
-        return isinstance(actual, bool) and isinstance(expected, bool) and actual == expected
-    if isinstance(actual, int | float) and isinstance(expected, int | float):
-        return float(actual) == float(expected)
-    if isinstance(actual, dict) and isinstance(expected, dict):
-        return actual.keys() == expected.keys() and all(
-            json_equal(actual[k], expected[k]) for k in expected
-        )
-    if isinstance(actual, list) and isinstance(expected, list):
-        return len(actual) == len(expected) and all(
-            json_equal(a, e) for a, e in zip(actual, expected, strict=True)
-        )
-    return bool(type(actual) is type(expected) and actual == expected)
 
 
 def _show(value: Any) -> str:
@@ -184,7 +167,6 @@ def _check_args_match(tool: str, expected: Any, matching: list[ToolCall], tally:
     )
 
 
-@register
 class ToolCallsCheck(Check):
     type = "tool_calls"
 
@@ -213,3 +195,7 @@ class ToolCallsCheck(Check):
         return Outcome.ok(
             f"all {tally.total} tool-call expectations hold", expectations=tally.details
         )
+
+
+# The check types this family contributes (checks.registry lists the families).
+CHECKS: tuple[type[Check], ...] = (ToolCallsCheck,)

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from checks.artifact import LLMCall, RunArtifact, ToolCall
-from checks.families.tool_calls import json_equal
+from checks.families._common import json_equal
 from checks.results import FailureCode
 
 
