@@ -36,12 +36,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any, Protocol, TypeVar
-
-import openai
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from checks.context import JudgeError
 from checks.pricing import cost_usd
+
+if TYPE_CHECKING:  # the SDK is imported where a call is made: a run with no judge never loads it
+    import openai
 
 PROVIDER_TIMEOUT = "PROVIDER_TIMEOUT"
 PROVIDER_AUTH_FAILED = "PROVIDER_AUTH_FAILED"
@@ -748,6 +749,8 @@ class JudgeClient:
     # -- HTTP through the SDK
 
     def _openai(self) -> openai.OpenAI:
+        import openai
+
         with self._client_lock:
             if self._client is None:
                 self._client = openai.OpenAI(
@@ -779,6 +782,8 @@ class JudgeClient:
                 self._unsupported.add(exc.parameter)
 
     def _create(self, parameters: dict[str, Any]) -> _Reply:
+        import openai
+
         try:
             completion = self._openai().chat.completions.create(**parameters)
         except openai.BadRequestError as exc:
@@ -817,6 +822,8 @@ class JudgeClient:
 
     def _classify(self, exc: Exception, what: str) -> _Failure | None:
         """The failure an SDK exception stands for, marked retryable or not."""
+        import openai
+
         where = self._endpoint
         if isinstance(exc, openai.APITimeoutError):  # before APIConnectionError: a subclass
             return _Failure(
@@ -913,6 +920,7 @@ def _preview(text: str, limit: int = 200) -> str:
 
 
 def _api_message(exc: openai.APIStatusError) -> str:
+
     body = exc.body
     if isinstance(body, Mapping):
         error = body.get("error", body)
@@ -923,6 +931,7 @@ def _api_message(exc: openai.APIStatusError) -> str:
 
 def _refused_parameter(exc: openai.BadRequestError, parameters: Mapping[str, Any]) -> str | None:
     """The optional parameter a 400 complains about, if we sent it."""
+
     text = f"{_api_message(exc)} {exc.body}".lower()
     for name in _OPTIONAL_PARAMETERS:
         if name in parameters and name in text:

@@ -12,6 +12,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from math import comb
 
+from checks.exit_codes import (
+    EXIT_GATE_FAILED,
+    EXIT_INTERNAL_ERROR,
+    EXIT_OK,
+    EXIT_PROVIDER_ERROR,
+    EXIT_SPEC_INVALID,
+)
 from checks.mutation_scoring import mutation_score
 from checks.report_model import (
     MATRIX_PILLARS,
@@ -59,12 +66,6 @@ __all__ = [
     "score_execution",
     "score_run",
 ]
-
-EXIT_OK = 0
-EXIT_GATE_FAILED = 1
-EXIT_SPEC_INVALID = 2
-EXIT_PROVIDER_ERROR = 3
-EXIT_INTERNAL_ERROR = 4
 
 AGGREGATION_METHODS = ("all", "majority", "any", "mean")
 # Float sums such as 0.7 + 0.15 must not fail a threshold they meet on paper.

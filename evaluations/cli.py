@@ -11,12 +11,11 @@ cannot be used (invalid, missing, not JSON); 3 provider error; 4 internal error.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TextIO
 
-from checks.scoring import EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_SPEC_INVALID
+from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_SPEC_INVALID
+from evaluations.terminal import use_color
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -185,14 +184,6 @@ def cmd_score(args: argparse.Namespace) -> int:
     ):
         print(f"wrote {path}")
     return summary.exit_code
-
-
-def use_color(choice: str, stream: TextIO) -> bool:
-    if choice == "always":
-        return True
-    if choice == "never" or os.environ.get("NO_COLOR"):
-        return False
-    return stream.isatty()
 
 
 def _django_command(name: str) -> Handler:

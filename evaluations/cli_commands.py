@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from checks.scoring import EXIT_INTERNAL_ERROR, EXIT_PROVIDER_ERROR, EXIT_SPEC_INVALID
+from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_PROVIDER_ERROR, EXIT_SPEC_INVALID
 
 
 def setup_django(*, migrate: bool = True) -> None:
@@ -165,10 +165,10 @@ def _run_on_workers(run_id: int, progress: Progress) -> None:
 def _report(run_id: int, args: argparse.Namespace) -> int:
     from checks.reporters import render_terminal, write_reports
     from checks.scoring import score_run
-    from evaluations.cli import use_color
     from evaluations.models import Run
     from evaluations.selectors import run_records
     from evaluations.services import engine_spec
+    from evaluations.terminal import use_color
 
     run = Run.objects.select_related("spec_version").get(pk=run_id)
     summary = score_run(engine_spec(run), run_records(run))
