@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.db import transaction
@@ -18,9 +17,6 @@ from evaluations.models import (
     Spec,
 )
 from evaluations.selectors.regressions import group_key
-
-logger = logging.getLogger(__name__)
-
 
 #
 # A baseline freezes a completed run's results as the reference of its spec: the overview

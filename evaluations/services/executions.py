@@ -32,9 +32,6 @@ from evaluations.services.runs import engine_spec, run_secrets, run_warning_add
 logger = logging.getLogger(__name__)
 
 
-logger = logging.getLogger(__name__)
-
-
 class InfrastructureError(Exception):
     """Something outside the agent failed (a database server, the Docker engine): retry later."""
 

@@ -3,8 +3,6 @@ exit code, and the review items for the judge's scores."""
 
 from __future__ import annotations
 
-import logging
-
 from django.db import transaction
 from django.utils import timezone
 
@@ -24,8 +22,6 @@ from evaluations.selectors.records import run_records
 from evaluations.selectors.reviews import review_kappa
 from evaluations.services.reviews import review_items_select
 from evaluations.services.runs import engine_spec
-
-logger = logging.getLogger(__name__)
 
 
 def run_finalize(*, run_id: int) -> Run:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,6 @@ from evaluations.models import (
     Role,
 )
 from evaluations.services.specs import spec_version_create
-
-logger = logging.getLogger(__name__)
 
 
 class MembershipError(ValueError):

@@ -4,7 +4,6 @@ artifacts; the last execution of a run hands the run to finalisation."""
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any
 
 from django.conf import settings
@@ -29,8 +28,6 @@ from evaluations.models import (
     sha256_hex,
 )
 from evaluations.services.runs import run_warning_add
-
-logger = logging.getLogger(__name__)
 
 
 def execution_record(*, execution_id: int, worker: str, outcome: Any, spec: EngineSpec) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,6 @@ from evaluations.models import (
     ExecutionStatus,
     Run,
 )
-
-logger = logging.getLogger(__name__)
 
 
 def execution_replay_session(*, execution_id: int, project_id: int) -> Any:

@@ -3,7 +3,6 @@ human result that outranks the judge's (the execution and run are rescored)."""
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +37,6 @@ from evaluations.services.reviews import (
     review_policy_for,
 )
 from evaluations.services.runs import engine_spec
-
-logger = logging.getLogger(__name__)
 
 
 def _checked_grade(passed: Any, score: Any, note: Any) -> tuple[bool, float, str]:

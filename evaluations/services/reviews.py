@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -25,9 +24,6 @@ from evaluations.models import (
     Run,
 )
 from evaluations.selectors.reviews import ReviewFilters, judge_view
-
-logger = logging.getLogger(__name__)
-
 
 #
 # run_finalize calls review_items_select, which queues judge results by the review policy

@@ -3,7 +3,6 @@ cancel, re-run the failed ones, and warnings shown on the run."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.db import transaction
@@ -26,8 +25,6 @@ from evaluations.models import (
     Trigger,
 )
 from evaluations.services.replay import execution_replay_session
-
-logger = logging.getLogger(__name__)
 
 
 def run_create(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.db import transaction
@@ -14,8 +13,6 @@ from evaluations.models import (
     SpecVersion,
     sha256_hex,
 )
-
-logger = logging.getLogger(__name__)
 
 
 def spec_version_create(

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from evaluations.models import (
     ApiToken,
     Project,
 )
-
-logger = logging.getLogger(__name__)
-
 
 API_TOKEN_NAME_MAX = 100
 
