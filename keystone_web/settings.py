@@ -315,3 +315,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+if CELERY_TASK_ALWAYS_EAGER:
+    # With no broker the tasks run in the calling process: kombu's warning about the unused
+    # memory:// transport and Celery's line per finished task are noise on a local run.
+    LOGGING["loggers"].update(  # type: ignore[attr-defined]
+        {"kombu": {"level": "ERROR"}, "celery.app.trace": {"level": "WARNING"}}
+    )
