@@ -328,13 +328,17 @@ def _profile_has_tool_faults(name: Any) -> bool:
         return False
 
 
-def _declared_tool_names(data: dict[str, Any]) -> set[str]:
+def _declared_tool_names(data: dict[str, Any]) -> set[str] | None:
+    """The tool names a fault may use; None when any name may be right: the entries of a
+    python agent's `tool_registry` are named only inside the agent's process."""
+    agent = _dict(data.get("agent"))
+    if agent.get("type") == "python" and agent.get("tool_registry"):
+        return None
     names = {
         str(t["name"])
         for t in _list(data.get("tools"))
         if isinstance(t, dict) and isinstance(t.get("name"), str)
     }
-    agent = _dict(data.get("agent"))
     if agent.get("type") == "python":
         # A python agent's tools are dotted callables; faults name them by function name.
         for dotted in _list(agent.get("tools")):
@@ -344,8 +348,8 @@ def _declared_tool_names(data: dict[str, Any]) -> set[str]:
     return names
 
 
-def _tool_ref(tool: Any, path: tuple[Any, ...], tool_names: set[str]) -> Iterator[Problem]:
-    if not isinstance(tool, str) or tool == "*" or tool in tool_names:
+def _tool_ref(tool: Any, path: tuple[Any, ...], tool_names: set[str] | None) -> Iterator[Problem]:
+    if tool_names is None or not isinstance(tool, str) or tool == "*" or tool in tool_names:
         return
     hint = suggestion(tool, tool_names) or (
         f" (declared: {', '.join(sorted(tool_names))})"

@@ -176,6 +176,30 @@ def test_tool_faults_on_python_agent_with_tool_registry_are_accepted() -> None:
     assert messages(text) == []
 
 
+def test_a_fault_may_name_a_tool_registry_entry() -> None:
+    # Registry entries are named only inside the agent's process: validation cannot list
+    # them, so a name is accepted (and faults still match by name at run time).
+    text = (
+        VALID.replace(
+            'type: command\n  command: "echo hello"',
+            'type: python\n  callable: "agent:run"\n  tool_registry: "agent:TOOLS"',
+        )
+        + "chaos_matrix:\n  - name: down\n    tool_faults: [{tool: search, mode: error}]\n"
+    )
+    assert messages(text) == []
+
+
+def test_without_a_tool_registry_an_unknown_fault_tool_is_refused() -> None:
+    text = (
+        VALID.replace(
+            'type: command\n  command: "echo hello"',
+            'type: python\n  callable: "agent:run"\n  tools: ["agent.tools:search"]',
+        )
+        + "chaos_matrix:\n  - name: down\n    tool_faults: [{tool: serch, mode: error}]\n"
+    )
+    assert len(messages(text)) == 1 and "unknown tool 'serch'" in messages(text)[0]
+
+
 def test_python_agent_tool_functions_count_as_declared_tools() -> None:
     text = (
         VALID.replace(

@@ -294,3 +294,11 @@ def test_replay_serves_recorded_answers_to_python_tools(agent_dir: Path, tmp_pat
         ("search", None, 200),
         ("update", None, 500),
     ]
+
+
+def test_a_fault_naming_a_registry_entry_exactly_fires_on_that_entry_only(
+    agent_dir: Path, tmp_path: Path
+) -> None:
+    seen, outcome = _run(agent_dir, tmp_path, tool_faults=[{"tool": "search", "mode": "empty"}])
+    assert seen["seen"][2] == ["search", "NoneType", None]
+    assert [fault for _, fault, _ in _trace(outcome)] == [None, None, "empty", None]
