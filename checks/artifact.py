@@ -20,6 +20,9 @@ class ToolCall:
     fault: str | None = None  # the fault mode applied, if any
     latency_ms: float = 0.0
     source: str = "agent"  # agent (through the tool proxy) | model (asked for by the LLM)
+    # The HTTP request as the tool proxy forwarded it (method, path, query, and the arguments
+    # read from its body or query); `arguments` are then the model's when it asked for the call.
+    request: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

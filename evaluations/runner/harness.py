@@ -30,7 +30,7 @@ from evaluations.runner.context_attacks import apply_to_messages
 from evaluations.runner.gateway import Gateway
 from evaluations.runner.sandbox import Sandbox, select_backend
 from evaluations.runner.services import ServiceSet
-from evaluations.runner.toolproxy import ToolProxy
+from evaluations.runner.toolproxy import ToolProxy, with_model_arguments
 
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024
@@ -164,6 +164,7 @@ def run_execution(
             artifact.started_at = started
             artifact.finished_at = time.time()
             artifact.duration_ms = (artifact.finished_at - started) * 1000
+            artifact.tool_calls = with_model_arguments(artifact.tool_calls, artifact.llm_calls)
 
             invariants = [spec.invariants[i] for i in planned.invariant_ids]
             context = CheckContext(

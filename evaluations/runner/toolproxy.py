@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from checks.artifact import ToolCall
+from checks.artifact import LLMCall, ToolCall
 from evaluations.runner.context_attacks import apply_to_tool_result, inject_payload
 
 TOOL_FAULT_MODES = ("error", "timeout", "slow", "malformed", "empty", "malicious_response")
@@ -303,7 +303,17 @@ class _ToolProxyHandler(BaseHTTPRequestHandler):
         target = self.proxy.targets[tool]
         target_url = _join_url(target or f"replay://{tool}", sub_path, parts.query)
 
-        call = ToolCall(name=tool, arguments=_arguments(body, parts.query))
+        sent = _arguments(body, parts.query)
+        call = ToolCall(
+            name=tool,
+            arguments=sent,
+            request={
+                "method": self.command,
+                "path": sub_path,
+                "query": parts.query,
+                "arguments": sent,
+            },
+        )
         answer: _Answer | None = None
         try:
             answer, modes = self._answer(tool, call_index, target_url, body)
@@ -550,6 +560,22 @@ class _ToolProxyHandler(BaseHTTPRequestHandler):
                 self.wfile.write(answer.body)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+
+def with_model_arguments(calls: list[ToolCall], llm_calls: list[LLMCall]) -> list[ToolCall]:
+    """Give each HTTP tool call the arguments the model asked for it with. A REST call shows
+    few of them (`GET /orders/1042` has no body), so `tool_calls` checks match on the model's
+    arguments; the request stays in `ToolCall.request`. The k-th call of a tool through the
+    proxy answers the k-th time the model asked for that tool."""
+    asked: dict[str, list[dict[str, Any]]] = {}
+    for llm_call in llm_calls:
+        for wanted in llm_call.tool_calls:
+            asked.setdefault(wanted.name, []).append(wanted.arguments)
+    for call in calls:
+        waiting = asked.get(call.name)
+        if call.request is not None and waiting:
+            call.arguments = waiting.pop(0)
+    return calls
 
 
 def _peer_closed(connection: socket.socket) -> bool:
