@@ -26,6 +26,7 @@ from checks.results import PROVIDER_CODES, CheckResult
 from checks.spec.model import Scenario, Spec
 from evaluations.runner import workspace as ws
 from evaluations.runner.agents import invoke_agent, reset_agent
+from evaluations.runner.audit import write_audit
 from evaluations.runner.context_attacks import apply_to_messages
 from evaluations.runner.gateway import Gateway
 from evaluations.runner.sandbox import Sandbox, select_backend
@@ -166,6 +167,7 @@ def run_execution(
             artifact.duration_ms = (artifact.finished_at - started) * 1000
             artifact.tool_calls = with_model_arguments(artifact.tool_calls, artifact.llm_calls)
 
+            audit_log_path, trace_path = write_audit(workspace, artifact, _agent_label(spec.agent))
             invariants = [spec.invariants[i] for i in planned.invariant_ids]
             context = CheckContext(
                 workspace=workspace,
@@ -178,6 +180,9 @@ def run_execution(
                 baseline_output=baseline_output,
                 sandbox_id=execution_key,
                 judge=config.judge,
+                audit_log_path=audit_log_path,
+                trace_path=trace_path,
+                scenario_params=_scenario_params(spec, planned, scenario, seed),
             )
             results = evaluate(artifact, invariants, context, scenario)
             warnings.extend(_provider_warnings(results))
@@ -258,6 +263,30 @@ def _agent_context(planned: PlannedExecution, scenario: Scenario) -> dict[str, A
     if planned.replay_session is not None:
         context["session_context"] = planned.replay_session.get("context")
     return context
+
+
+def _agent_label(agent: dict[str, Any]) -> str:
+    """How the agent was invoked, for the audit's `command` event."""
+    return str(agent.get("command") or agent.get("callable") or agent.get("url") or agent["type"])
+
+
+def _scenario_params(
+    spec: Spec, planned: PlannedExecution, scenario: Scenario, seed: int
+) -> dict[str, Any]:
+    """What this cell varies, for custom checks (reference 000's `scenario_params`): the
+    scenario's faults and attacks, the model, the prompt, replica and the fault seed."""
+    return {
+        "scenario": scenario.name,
+        "profile": scenario.profile,
+        "tool_faults": scenario.tool_faults,
+        "llm_faults": scenario.llm_faults,
+        "context_attacks": scenario.context_attacks,
+        "model": (spec.raw.get("llm") or {}).get("model"),
+        "pillar": planned.pillar,
+        "prompt_index": planned.prompt_index,
+        "replica": planned.replica,
+        "seed": seed,
+    }
 
 
 def _provider_warnings(results: list[CheckResult]) -> list[str]:
