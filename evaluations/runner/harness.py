@@ -29,6 +29,7 @@ from evaluations.runner.agents import invoke_agent, reset_agent
 from evaluations.runner.audit import write_audit
 from evaluations.runner.context_attacks import apply_to_messages
 from evaluations.runner.gateway import Gateway
+from evaluations.runner.outputs import collect_output_artifacts
 from evaluations.runner.sandbox import Sandbox, select_backend
 from evaluations.runner.services import ServiceSet
 from evaluations.runner.toolproxy import ToolProxy, with_model_arguments
@@ -167,6 +168,10 @@ def run_execution(
             artifact.duration_ms = (artifact.finished_at - started) * 1000
             artifact.tool_calls = with_model_arguments(artifact.tool_calls, artifact.llm_calls)
 
+            artifact.output_artifacts, output_warnings = collect_output_artifacts(
+                workspace, spec.raw.get("output_artifacts") or []
+            )
+            warnings.extend(output_warnings)
             audit_log_path, trace_path = write_audit(workspace, artifact, _agent_label(spec.agent))
             invariants = [spec.invariants[i] for i in planned.invariant_ids]
             context = CheckContext(
