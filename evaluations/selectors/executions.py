@@ -178,6 +178,8 @@ def _tool_step(call: dict[str, Any], *, requested: dict[str, Any] | None) -> dic
             and (requested.get("arguments") or {}) != (call.get("arguments") or {})
             else ""
         ),
+        # The HTTP request as the tool proxy forwarded it (REST tools carry arguments in it).
+        "sent": _request_line(call.get("request")),
         "response": _clip(response) if response is not None else "",
         "status": call.get("status"),
         "error": call.get("error") or "",
@@ -187,6 +189,15 @@ def _tool_step(call: dict[str, Any], *, requested: dict[str, Any] | None) -> dic
         # The model asked for this call in the LLM call just before it.
         "requested_by_model": requested is not None,
     }
+
+
+def _request_line(request: Any) -> str:
+    if not isinstance(request, dict):
+        return ""
+    line = f"{request.get('method', '')} {request.get('path') or '/'}"
+    if request.get("query"):
+        line += f"?{request['query']}"
+    return _clip(line)
 
 
 def execution_transcript(trace: Any) -> list[dict[str, Any]]:

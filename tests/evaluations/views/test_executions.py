@@ -94,7 +94,9 @@ def test_execution_page_shows_what_the_agent_did(world: World) -> None:
     assert "LLM call 1" in transcript and "LLM call 2" in transcript
     assert "scripted-dash" in transcript
     assert "asks for: <code>orders({&quot;order_id&quot;: 7})</code>" in transcript
-    assert "the model asked with <code>{&quot;order_id&quot;: 7}</code>" in transcript
+    # The call carries the model's arguments; the REST request it became is shown beside them.
+    assert "arguments: <code>{&quot;order_id&quot;: 7}</code>" in transcript
+    assert "sent as <code>GET /orders/7</code>" in transcript
     assert "as the model asked" in transcript
     assert "&quot;shipped&quot;" in transcript  # the tool's answer
     assert re.search(r"\d+ in · \d+ out · \$[\d.]+ · \d+ ms", transcript)
