@@ -215,6 +215,29 @@ class RunMetrics:
         return asdict(self)
 
 
+PILLAR_METRICS = ("contract", "chaos", "mutation", "replay")
+# The single figures `keystone score --metric` prints; resilience is 0-100, as Flakestorm's.
+SUMMARY_METRICS = (
+    "resilience",
+    "overall",
+    "pass_rate",
+    *PILLAR_METRICS,
+    "judge_mean",
+    "cost_usd",
+    "p95_duration_ms",
+)
+
+
+def format_metric(name: str, value: float) -> str:
+    if name == "resilience":
+        return f"{value:.1f}"
+    if name == "cost_usd":
+        return f"{value:.6f}"
+    if name == "p95_duration_ms":
+        return f"{value:.0f}"
+    return f"{value:.3f}"
+
+
 @dataclass(slots=True)
 class RunSummary:
     """Everything `score_run` computes for a run. `spec` and `records` are its inputs, kept
@@ -240,6 +263,20 @@ class RunSummary:
     @property
     def passed(self) -> bool:
         return self.exit_code == 0
+
+    def metric(self, name: str) -> float | None:
+        """One figure of the run by name (SUMMARY_METRICS); None when the run has no data."""
+        if name == "resilience":
+            return self.resilience.score
+        if name in ("overall", "pass_rate"):
+            return self.overall if name == "overall" else self.pass_rate
+        if name in PILLAR_METRICS:
+            return self.pillar_scores.get(name)
+        return {
+            "judge_mean": self.metrics.judge_mean,
+            "cost_usd": self.metrics.total_cost_usd,
+            "p95_duration_ms": self.metrics.p95_duration_ms,
+        }[name]
 
     def to_dict(self) -> dict[str, Any]:
         return {

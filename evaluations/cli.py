@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_SPEC_INVALID
+from checks.report_model import SUMMARY_METRICS, RunSummary, format_metric
 from evaluations.terminal import use_color
 
 Handler = Callable[[argparse.Namespace], int]
@@ -60,6 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="judge-human Cohen's kappa (overrides the report's)",
+    )
+    score.add_argument(
+        "--metric",
+        choices=SUMMARY_METRICS,
+        default=None,
+        help="print only this figure (for CI scripts); exit 0 whenever the report is read",
+    )
+    score.add_argument(
+        "--resilience",
+        dest="metric",
+        action="store_const",
+        const="resilience",
+        help="print only the resilience score, 0-100 (same as --metric resilience)",
     )
     score.set_defaults(handler=cmd_score)
 
@@ -178,12 +192,27 @@ def cmd_score(args: argparse.Namespace) -> int:
         return EXIT_SPEC_INVALID
     kappa = args.kappa if args.kappa is not None else loaded.kappa
     summary = score_run(loaded.spec, loaded.records, kappa=kappa)
+    if args.metric:
+        return _print_metric(summary, args)
     sys.stdout.write(render_terminal(summary, color=use_color(args.color, sys.stdout)))
     for path in write_reports(
         summary, json_path=args.json, junit_path=args.junit, markdown_path=args.markdown
     ):
         print(f"wrote {path}")
     return summary.exit_code
+
+
+def _print_metric(summary: RunSummary, args: argparse.Namespace) -> int:
+    """Only the number on stdout, like `flakestorm contract score`: a CI script reads it."""
+    from checks.reporters import write_reports
+
+    write_reports(summary, json_path=args.json, junit_path=args.junit, markdown_path=args.markdown)
+    value = summary.metric(args.metric)
+    if value is None:
+        print(f"keystone score: the report has no data for {args.metric}", file=sys.stderr)
+        return EXIT_SPEC_INVALID
+    print(format_metric(args.metric, value))
+    return EXIT_OK
 
 
 def _django_command(name: str) -> Handler:

@@ -215,6 +215,41 @@ def test_score_as_a_real_subprocess_exits_with_the_gate_verdict(tmp_path: Path) 
     assert case is not None and case.find("failure") is not None
 
 
+def test_score_resilience_prints_only_the_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Like `flakestorm contract score`: the number alone, for a CI script to read.
+    assert main(["score", str(_report(tmp_path, passing=True)), "--resilience"]) == 0
+    assert capsys.readouterr().out == "100.0\n"
+    assert main(["score", str(_report(tmp_path, passing=False)), "--metric", "resilience"]) == 0
+    assert capsys.readouterr().out == "0.0\n"
+
+
+def test_score_metric_prints_the_named_figure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = str(_report(tmp_path, passing=True))
+    figures = {}
+    for metric in ("overall", "pass_rate", "cost_usd", "p95_duration_ms"):
+        assert main(["score", report, "--metric", metric]) == 0
+        figures[metric] = capsys.readouterr().out
+    assert figures == {
+        "overall": "1.000\n",
+        "pass_rate": "1.000\n",
+        "cost_usd": "0.002000\n",
+        "p95_duration_ms": "120\n",
+    }
+
+
+def test_score_metric_without_data_says_so_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["score", str(_report(tmp_path, passing=True)), "--metric", "judge_mean"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "no data for judge_mean" in captured.err
+
+
 @pytest.mark.parametrize("content", [None, "{broken", '{"format": "something-else"}'])
 def test_score_unusable_input_exits_2_with_a_message(
     tmp_path: Path, content: str | None, capsys: pytest.CaptureFixture[str]
