@@ -111,6 +111,7 @@ class ExecutionScore:
     forbidden: int = 0  # number of forbidden-rule violations
     failure_codes: list[str] = field(default_factory=list)
     vacuous: bool = False  # no invariant was active: composite 1.0 by definition
+    reason: str = ""  # why it did not pass, in words ("" when it passed)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -264,6 +265,18 @@ class RunSummary:
     def passed(self) -> bool:
         return self.exit_code == 0
 
+    def failure_reasons(self, *, limit: int = 10) -> tuple[list[tuple[str, str, str]], int]:
+        """(status, where, why) of the executions that did not pass, the first `limit`, and
+        how many more there are."""
+        failed = [e for e in self.executions if not e.passed]
+        rows = []
+        for score in failed[:limit]:
+            where = f"{score.scenario} / prompt {score.prompt_index} / replica {score.replica}"
+            if score.mutation_type:
+                where += f" / {score.mutation_type}"
+            rows.append((score.status, where, score.reason or score.status))
+        return rows, max(0, len(failed) - limit)
+
     def metric(self, name: str) -> float | None:
         """One figure of the run by name (SUMMARY_METRICS); None when the run has no data."""
         if name == "resilience":
@@ -293,5 +306,10 @@ class RunSummary:
             "matrix": [c.to_dict() for c in self.matrix],
             "executions": [e.to_dict() for e in self.executions],
             "warnings": list(self.warnings),
+            # The first executions that did not pass and why, for pages that do not read
+            # the per-execution list (it grows with the run).
+            "why_failed": [
+                {"status": s, "where": w, "reason": r} for s, w, r in self.failure_reasons()[0]
+            ],
             "kappa": self.kappa,
         }

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from checks.report_model import ExecutionRecord, RunSummary
+from checks.report_model import ExecutionRecord, ExecutionScore, RunSummary
 from checks.results import CheckResult
 from checks.spec.model import Spec
 
@@ -181,6 +181,15 @@ def render_terminal(summary: RunSummary, *, color: bool = False) -> str:
                 f"{codes}"
             )
 
+    reasons, more = summary.failure_reasons()
+    if reasons:
+        lines.append("")
+        lines.append(paint("Why executions did not pass", "bold"))
+        for status, where, reason in reasons:
+            lines.append(f"  {paint(f'{status.upper():<5}', status)}  {where}: {reason}")
+        if more:
+            lines.append(f"  ... and {more} more (the JSON report has every execution)")
+
     if summary.matrix:
         lines.append("")
         lines.append(paint("Invariant x scenario", "bold"))
@@ -241,6 +250,7 @@ def render_junit(summary: RunSummary) -> str:
     for record in summary.records:
         by_scenario.setdefault(record.scenario, []).append(record)
     totals = {"tests": 0, "failures": 0, "errors": 0}
+    scores = {score.execution_id: score for score in summary.executions}
     for scenario, records in by_scenario.items():
         suite = ET.SubElement(root, "testsuite", name=_xml_text(f"{spec_id}.{scenario}"))
         _properties(suite, summary)
@@ -248,7 +258,7 @@ def render_junit(summary: RunSummary) -> str:
         seconds = 0.0
         for record in records:
             seconds += record.duration_ms / 1000.0
-            for case in _execution_cases(spec_id, record):
+            for case in _execution_cases(spec_id, record, scores.get(record.id)):
                 suite.append(case)
                 counts["tests"] += 1
                 if case.find("failure") is not None:
@@ -284,7 +294,9 @@ def render_junit(summary: RunSummary) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + body + "\n"
 
 
-def _execution_cases(spec_id: str, record: ExecutionRecord) -> list[ET.Element]:
+def _execution_cases(
+    spec_id: str, record: ExecutionRecord, score: ExecutionScore | None
+) -> list[ET.Element]:
     classname = _xml_text(f"{spec_id}.{record.scenario}")
     where = f"prompt {record.prompt_index}, replica {record.replica}"
     if record.pillar not in ("contract", "chaos"):
@@ -310,13 +322,27 @@ def _execution_cases(spec_id: str, record: ExecutionRecord) -> list[ET.Element]:
         )
         failure.text = _xml_text(text)
         cases.append(case)
-    if not record.results and record.status in ("error", "provider_error"):
+    shown = any(c.find("failure") is not None or c.find("error") is not None for c in cases)
+    if record.status in ("error", "provider_error") and not any(
+        c.find("error") is not None for c in cases
+    ):
+        # The execution itself failed (a provider answering 401, an agent that cannot start):
+        # one <error> that names it, whatever its check results say.
         case = ET.Element("testcase", classname=classname, name=_xml_text(f"execution [{where}]"))
-        code = "PROVIDER_ERROR" if record.status == "provider_error" else "INTERNAL_ERROR"
+        code = "PROVIDER_ERROR" if record.status == "provider_error" else "EXECUTION_ERROR"
         error = ET.SubElement(
             case, "error", type=code, message=_xml_text(record.error or record.status)
         )
         error.text = _xml_text(record.error or record.status)
+        cases.append(case)
+    elif score is not None and not score.passed and not shown:
+        # Every invariant passed on its own, yet the execution failed (its composite is below
+        # pass_threshold, or a gate scored below 1.0): say why, or CI would show all green.
+        case = ET.Element("testcase", classname=classname, name=_xml_text(f"verdict [{where}]"))
+        failure = ET.SubElement(
+            case, "failure", type="EXECUTION_FAILED", message=_xml_text(score.reason)
+        )
+        failure.text = _xml_text(score.reason)
         cases.append(case)
     return cases
 
@@ -461,6 +487,14 @@ def render_markdown(summary: RunSummary) -> str:
                 f"| {_md(_where(record))} | forbidden | FORBIDDEN_VIOLATION | 0.00 | "
                 f"{len(record.forbidden_violations)} violation(s) |"
             )
+
+    reasons, more = summary.failure_reasons(limit=50)
+    if reasons:
+        out += ["", "## Why executions did not pass", "", "| execution | status | why |"]
+        out.append("|---|---|---|")
+        out += [f"| {_md(where)} | {status} | {_md(reason)} |" for status, where, reason in reasons]
+        if more:
+            out.append(f"| ... | | {more} more in the JSON report |")
 
     if summary.warnings:
         out += ["", "## Warnings", ""]

@@ -111,11 +111,15 @@ def execution_composite(results: Sequence[CheckResult], *, forbidden_violations:
     return _clamp(sum(r.weight * s for r, s in zip(results, scores, strict=True)) / total_weight)
 
 
-def execution_verdict(composite: float, pass_threshold: float) -> bool:
-    return composite >= pass_threshold - EPSILON
+def execution_verdict(composite: float, pass_threshold: float | None) -> bool:
+    # With no threshold, "every invariant passed" is decided by failure_reason; a composite
+    # can only say so when it is 1.0 (used by the `mean` replica aggregation).
+    return composite >= (1.0 if pass_threshold is None else pass_threshold) - EPSILON
 
 
-def score_execution(record: ExecutionRecord, *, pass_threshold: float = 1.0) -> ExecutionScore:
+def score_execution(
+    record: ExecutionRecord, *, pass_threshold: float | None = None
+) -> ExecutionScore:
     composite = execution_composite(
         record.results, forbidden_violations=len(record.forbidden_violations)
     )
@@ -123,7 +127,8 @@ def score_execution(record: ExecutionRecord, *, pass_threshold: float = 1.0) -> 
     if record.forbidden_violations and FailureCode.FORBIDDEN_VIOLATION.value not in codes:
         codes.append(FailureCode.FORBIDDEN_VIOLATION.value)
     errored = _execution_errored(record)
-    passed = not errored and execution_verdict(composite, pass_threshold)
+    reason = failure_reason(record, composite, pass_threshold)
+    passed = not errored and not reason
     status = "error" if errored else ("pass" if passed else "fail")
     return ExecutionScore(
         execution_id=record.id,
@@ -139,7 +144,49 @@ def score_execution(record: ExecutionRecord, *, pass_threshold: float = 1.0) -> 
         forbidden=len(record.forbidden_violations),
         failure_codes=codes,
         vacuous=not record.results and not errored,
+        reason=_error_reason(record) if errored else reason,
     )
+
+
+def failure_reason(record: ExecutionRecord, composite: float, pass_threshold: float | None) -> str:
+    """Why the execution does not pass, in words; "" when it passes.
+
+    A forbidden rule or a gate invariant below 1.0 forces the composite to 0 and fails it.
+    Then, with `scoring.pass_threshold` set, the composite decides; without one, every
+    active invariant must have passed (its own threshold, e.g. a judge's, is what counts).
+    """
+    if record.forbidden_violations:
+        rules = sorted({str(v.get("rule", "?")) for v in record.forbidden_violations})
+        return "forbidden rule " + ", ".join(f"`{r}`" for r in rules) + " violated"
+    gates = [r for r in record.results if _gate_failed(r)]
+    if gates:
+        return "; ".join(f"gate `{r.invariant_id}` scored {_short(r.score)} < 1.0" for r in gates)
+    if pass_threshold is not None:
+        if execution_verdict(composite, pass_threshold):
+            return ""
+        return f"composite {_short(composite)} < pass_threshold {_short(pass_threshold)}"
+    failed = [r for r in record.results if not r.passed]
+    if not failed:
+        return ""
+    named = ", ".join(f"`{r.invariant_id}`" for r in failed[:5])
+    more = f" (+{len(failed) - 5} more)" if len(failed) > 5 else ""
+    first = failed[0].message.strip().splitlines()[0][:200] if failed[0].message else ""
+    return f"invariant {named}{more} failed" + (f": {first}" if first else "")
+
+
+def _error_reason(record: ExecutionRecord) -> str:
+    errors = [r for r in record.results if r.is_error]
+    if record.status in ("error", "provider_error") or not errors:
+        said = (record.error or "").strip().splitlines()
+        return f"execution {record.status}" + (f": {said[0][:200]}" if said else "")
+    first = errors[0]
+    return f"`{first.invariant_id}` could not be checked ({first.failure_code}): " + (
+        first.message.strip().splitlines()[0][:200] if first.message else ""
+    )
+
+
+def _short(value: float) -> str:
+    return f"{value:.3f}".rstrip("0").rstrip(".") if value != int(value) else f"{value:.1f}"
 
 
 def _gate_failed(result: CheckResult) -> bool:
@@ -174,7 +221,10 @@ def _check_nck(n: int, c: int, k: int) -> None:
 
 
 def aggregate_replicas(
-    executions: Sequence[ExecutionScore], method: str = "all", *, pass_threshold: float = 1.0
+    executions: Sequence[ExecutionScore],
+    method: str = "all",
+    *,
+    pass_threshold: float | None = None,
 ) -> ReplicaAggregate:
     """Verdict of one (scenario x prompt) group. `passed` follows `method`; `status` says
     error (a replica could not be scored) > flaky (replicas disagree) > pass | fail."""
@@ -607,10 +657,9 @@ def score_run(
 
 
 def _gates_config(spec: Spec) -> dict[str, float]:
-    # Without a gates block the only gate is "every scenario x prompt verdict passes".
-    if spec.raw.get("gates") is None and not spec.gates:
-        return dict(DEFAULT_GATES)
-    return {name: float(value) for name, value in spec.gates.items()}
+    # pass_rate_min ("every scenario x prompt verdict passes") is always evaluated, as
+    # KindLM does: a gates block that names other gates adds to it, it does not replace it.
+    return {**DEFAULT_GATES, **{name: float(value) for name, value in spec.gates.items()}}
 
 
 def _group_order(spec: Spec) -> Callable[[ReplicaAggregate], tuple[int, int, str, int, str]]:

@@ -96,7 +96,8 @@ class Scenario:
 
 @dataclass(slots=True)
 class ScoringConfig:
-    pass_threshold: float = 1.0
+    # None: an execution passes when every active invariant passed (docs/scoring.md).
+    pass_threshold: float | None = None
     replica_aggregation: str = "all"
     weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_PILLAR_WEIGHTS))
 
@@ -104,7 +105,9 @@ class ScoringConfig:
     def from_dict(cls, data: dict[str, Any] | None) -> ScoringConfig:
         data = data or {}
         return cls(
-            pass_threshold=float(data.get("pass_threshold", 1.0)),
+            pass_threshold=(
+                float(data["pass_threshold"]) if data.get("pass_threshold") is not None else None
+            ),
             replica_aggregation=data.get("replica_aggregation", "all"),
             weights=dict(data.get("weights") or DEFAULT_PILLAR_WEIGHTS),
         )

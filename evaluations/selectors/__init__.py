@@ -23,6 +23,7 @@ from evaluations.selectors.projects import (
 )
 from evaluations.selectors.records import (
     effective_results,
+    execution_reason,
     execution_record,
     run_progress,
     run_records,
@@ -91,6 +92,7 @@ __all__ = [
     "execution_artifacts",
     "execution_for_page",
     "execution_neighbours",
+    "execution_reason",
     "execution_record",
     "execution_reproducer",
     "execution_results",

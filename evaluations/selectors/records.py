@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from checks.report_model import ExecutionRecord
+from checks.scoring import score_execution
+from checks.spec.model import Spec as EngineSpec
 from evaluations.models import (
     CheckResult,
     Execution,
@@ -52,6 +54,15 @@ def _execution_record(execution: Execution, rows: list[CheckResult]) -> Executio
         output=execution.final_output,
         error=execution.error or None,
     )
+
+
+def execution_reason(execution: Execution) -> str:
+    """Why the execution did not pass, in words, from its stored rows ("" when it passed)."""
+    if execution.passed is not False and execution.status not in ("error", "provider_error"):
+        return ""
+    spec = EngineSpec.from_dict(execution.run.spec_version.parsed)
+    record = execution_record(execution)
+    return score_execution(record, pass_threshold=spec.scoring.pass_threshold).reason
 
 
 def effective_results(rows: list[CheckResult]) -> list[CheckResult]:

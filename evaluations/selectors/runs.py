@@ -41,6 +41,7 @@ RUN_SUMMARY_PARTS = (
     "groups",
     "matrix",
     "warnings",
+    "why_failed",
     "kappa",
 )
 RESULT_SOURCE_RANK = {"engine": 0, "judge": 1, "human": 2}

@@ -149,6 +149,7 @@ def execution_detail(request: HttpRequest, project_slug: str, execution_id: int)
         "db_writes": [w for w in db_writes if isinstance(w, dict)],
         "db_problem": db_problem,
         "reproducer": selectors.execution_reproducer(execution),
+        "reason": selectors.execution_reason(execution),
         "previous_id": previous_id,
         "next_id": next_id,
         "plan_invariants": execution.plan.get("invariant_ids") or [],

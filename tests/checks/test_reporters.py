@@ -324,3 +324,76 @@ def test_write_reports_writes_each_requested_file(summary: RunSummary, tmp_path:
     assert [p.name for p in written] == ["r.json", "r.xml", "r.md"]
     assert json.loads((tmp_path / "out" / "r.json").read_text())["format"] == REPORT_FORMAT
     ET.parse(tmp_path / "out" / "r.xml")
+
+
+# ---------------------------------------------------------------- why a verdict (issue 12, 8-9)
+
+
+def _threshold_summary() -> RunSummary:
+    """One execution whose every invariant passed and whose composite is below threshold,
+    one whose provider answered 401, and one that passes."""
+    spec = Spec.from_dict(
+        {
+            "version": 1,
+            "id": "why",
+            "task": {"prompts": ["a", "b", "c"]},
+            "agent": {"type": "command", "command": "echo"},
+            "invariants": {
+                "judged": {"description": "d", "check": {"type": "llm_as_judge", "criteria": "c"}}
+            },
+            "scoring": {"pass_threshold": 0.85},
+        }
+    )
+
+    def judged(score: float) -> CheckResult:
+        return CheckResult("judged", "llm_as_judge", passed=True, score=score)
+
+    records = [
+        ExecutionRecord(id="low", scenario="no-chaos", prompt_index=0, results=[judged(0.8)]),
+        ExecutionRecord(
+            id="auth",
+            scenario="no-chaos",
+            prompt_index=1,
+            status="provider_error",
+            error="gateway: upstream http://127.0.0.1:9/v1 refused the credentials (401)",
+            results=[judged(1.0)],
+        ),
+        ExecutionRecord(id="ok", scenario="no-chaos", prompt_index=2, results=[judged(0.9)]),
+    ]
+    return score_run(spec, records)
+
+
+def test_junit_names_why_an_execution_failed_when_every_invariant_passed() -> None:
+    root = ET.fromstring(render_junit(_threshold_summary()))
+    verdict = next(
+        c for c in root.iter("testcase") if c.get("name") == "verdict [prompt 0, replica 0]"
+    )
+    failure = verdict.find("failure")
+    assert failure is not None
+    assert failure.get("message") == "composite 0.8 < pass_threshold 0.85"
+
+
+def test_junit_gives_a_provider_error_its_own_error_element() -> None:
+    root = ET.fromstring(render_junit(_threshold_summary()))
+    case = next(
+        c for c in root.iter("testcase") if c.get("name") == "execution [prompt 1, replica 0]"
+    )
+    error = case.find("error")
+    assert error is not None and error.get("type") == "PROVIDER_ERROR"
+    assert "(401)" in (error.get("message") or "")
+    names = [c.get("name") for c in root.iter("testcase")]
+    assert "verdict [prompt 2, replica 0]" not in names  # it passed: nothing to explain
+
+
+def test_terminal_and_markdown_say_why_executions_did_not_pass() -> None:
+    summary = _threshold_summary()
+    terminal = render_terminal(summary)
+    assert "Why executions did not pass" in terminal
+    assert "no-chaos / prompt 0 / replica 0: composite 0.8 < pass_threshold 0.85" in terminal
+    assert "(401)" in terminal
+    markdown = render_markdown(summary)
+    assert "## Why executions did not pass" in markdown
+    assert (
+        "| no-chaos / prompt 0 / replica 0 | fail | composite 0.8 < pass_threshold 0.85 |"
+        in markdown
+    )

@@ -633,6 +633,8 @@ def test_gates_with_no_data_pass_and_are_flagged_empty() -> None:
     )
     summary = score_run(spec, [record(results=[result("says_refund", True)])], kappa=None)
     for gate in summary.gates:
+        if gate.name == "pass_rate_min":  # always evaluated, and here it has data
+            continue
         assert gate.empty and gate.passed and gate.actual is None, gate
     assert summary.exit_code == 0
     assert any("judge_avg_min had no data" in w for w in summary.warnings)
@@ -641,7 +643,7 @@ def test_gates_with_no_data_pass_and_are_flagged_empty() -> None:
 def test_count_gate_with_checks_that_ran_clean_is_zero_not_empty() -> None:
     spec = make_spec(gates={"pii_failures_max": 0})
     summary = score_run(spec, [record(results=[result("pii", True, check_type="excludes_pii")])])
-    (gate, _critical) = summary.gates
+    (_pass_rate, gate, _critical) = summary.gates
     assert (gate.actual, gate.empty, gate.passed) == (0.0, False, True)
 
 
@@ -790,3 +792,80 @@ def test_drift_without_a_baseline_is_no_data_for_the_drift_gate() -> None:
         resilience=resilience_score([]),
     )
     assert gates[0].empty and gates[0].passed
+
+
+# ---------------------------------------------------------------- verdicts and their reasons
+# (issue 12, items 7 and 8)
+
+
+def test_a_gates_block_naming_other_gates_keeps_pass_rate_min() -> None:
+    # A failing high-severity invariant under a gates block that names only the cost gate:
+    # pass_rate_min is still evaluated, so the run fails (it exited 0 before).
+    spec = make_spec(gates={"cost_max_usd": 10})
+    failing = record(results=[result("says_refund", False, severity="high")])
+    summary = score_run(spec, [failing])
+    assert [g.name for g in summary.gates] == ["pass_rate_min", "cost_max_usd", "critical_failures"]
+    assert summary.exit_code == 1
+
+
+def test_a_spec_may_still_lower_pass_rate_min_itself() -> None:
+    spec = make_spec(gates={"pass_rate_min": 0.5})
+    records = [
+        record(results=[result("says_refund", True)], prompt_index=0),
+        record(results=[result("says_refund", False)], prompt_index=1),
+    ]
+    assert score_run(spec, records).exit_code == 0
+
+
+def test_without_pass_threshold_every_invariant_passing_is_a_pass() -> None:
+    # A judge scoring 0.9 against its own 0.7 threshold passed: the execution passes, even
+    # though its composite is 0.9 (it failed "0.9 < 1.0" before).
+    judged = record(
+        results=[
+            result("says_refund", True),
+            result("tone", True, score=0.9, check_type="llm_as_judge"),
+        ]
+    )
+    score = score_execution(judged)
+    assert (score.composite, score.passed, score.reason) == (pytest.approx(0.95), True, "")
+    assert score_run(make_spec(), [judged]).exit_code == 0
+
+
+def test_without_pass_threshold_a_failed_invariant_is_named() -> None:
+    failed = record(results=[result("says_refund", True), result("tone", False, score=0.4)])
+    score = score_execution(failed)
+    assert not score.passed
+    assert score.reason == "invariant `tone` failed"
+
+
+def test_with_pass_threshold_the_composite_decides_and_says_so() -> None:
+    # Reference 000's worked example: 1.0 / 1.3 = 0.77 < 0.85.
+    nice_failed = record(
+        results=[result("must_pass", True, gate=True), result("nice_to_have", False, weight=0.3)]
+    )
+    score = score_execution(nice_failed, pass_threshold=0.85)
+    assert not score.passed
+    assert score.reason == "composite 0.769 < pass_threshold 0.85"
+    assert score_execution(nice_failed, pass_threshold=0.75).passed
+
+
+def test_a_gate_below_one_is_named_with_its_score() -> None:
+    gated = record(results=[result("tests_pass", True, score=0.9, gate=True)])
+    score = score_execution(gated, pass_threshold=0.5)
+    assert (score.composite, score.passed) == (0.0, False)
+    assert score.reason == "gate `tests_pass` scored 0.9 < 1.0"
+
+
+def test_a_forbidden_violation_is_named() -> None:
+    violated = record(
+        results=[result("says_refund", True)],
+        forbidden_violations=[{"rule": "db_writes_outside", "message": "wrote users"}],
+    )
+    score = score_execution(violated)
+    assert not score.passed
+    assert score.reason == "forbidden rule `db_writes_outside` violated"
+
+
+def test_an_errored_execution_says_what_went_wrong() -> None:
+    broken = record(results=[], status="error", error="agent command exited with code 2\nmore")
+    assert score_execution(broken).reason == "execution error: agent command exited with code 2"

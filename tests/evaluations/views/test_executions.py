@@ -498,3 +498,12 @@ def test_reproducer_of_an_isolated_execution_plans_exactly_that_execution(world:
     services.run_plan(run_id=again.pk)
 
     assert list(Execution.objects.filter(run=again).values_list("key", flat=True)) == [target.key]
+
+
+def test_execution_page_says_why_it_failed(world: World) -> None:
+    failed = execution(world, "orders-down")
+    html = world.client("viewer").get(page_url(world, failed.pk)).content.decode()
+    assert "<strong>Why:</strong> invariant `says_shipped` failed: output does not contain" in html
+    passed = execution(world, "no-chaos")
+    html = world.client("viewer").get(page_url(world, passed.pk)).content.decode()
+    assert "Why:" not in html

@@ -682,3 +682,14 @@ def test_signed_out_visitors_go_to_the_login_page(world: World) -> None:
 
     assert response.status_code == 302
     assert response["Location"].startswith("/accounts/login/")
+
+
+def test_run_page_says_why_executions_did_not_pass(world: World) -> None:
+    # Under orders-down says_shipped fails: the page names the invariant and its message.
+    html = world.client("viewer").get(url("run_detail", world, world.run.pk)).content.decode()
+    start = html.index('id="why-title"')
+    why = html[start : html.index("</section>", start)]
+    assert "orders-down / prompt 0 / replica 0" in why
+    assert "invariant <code>" not in why  # plain text, escaped
+    assert "invariant `says_shipped` failed: output does not contain" in why
+    assert "no-chaos /" not in why  # the passing executions are not listed
