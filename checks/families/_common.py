@@ -252,3 +252,16 @@ def get_service(context: CheckContext, name: str) -> ServiceHandle:
         known = ", ".join(sorted(context.services)) or "none"
         raise ConfigError(f"service {name!r} is not defined for this execution (services: {known})")
     return service
+
+
+def json_schema_validator(schema: dict[str, Any] | bool, what: str) -> Any:
+    """A validator for a user's JSON Schema that also checks `format` (email, date-time,
+    uri, ...; KindLM does), or ConfigError naming `what` when the schema itself is invalid."""
+    from jsonschema import exceptions, validators
+
+    validator_class = validators.validator_for(schema)
+    try:
+        validator_class.check_schema(schema)
+    except exceptions.SchemaError as exc:
+        raise ConfigError(f"{what} is invalid: {exc.message}") from exc
+    return validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)

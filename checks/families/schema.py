@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jsonschema import exceptions as jsonschema_exceptions
-from jsonschema import validators
-
 from checks.artifact import RunArtifact
 from checks.check import Check
 from checks.context import CheckContext
-from checks.families._common import ConfigError, guarded, preview, read_text, resolve_inside
+from checks.families._common import (
+    ConfigError,
+    guarded,
+    json_schema_validator,
+    preview,
+    read_text,
+    resolve_inside,
+)
 from checks.results import FailureCode, Outcome
 
 MAX_ERRORS = 20
@@ -43,12 +47,7 @@ def load_schema(config: dict[str, Any], context: CheckContext) -> dict[str, Any]
 
 def schema_errors(schema: dict[str, Any] | bool, instance: Any) -> list[dict[str, str]]:
     """Every validation error as {path, message}, most specific first; [] when valid."""
-    validator_class = validators.validator_for(schema)
-    try:
-        validator_class.check_schema(schema)
-    except jsonschema_exceptions.SchemaError as exc:
-        raise ConfigError(f"the JSON Schema itself is invalid: {exc.message}") from exc
-    validator = validator_class(schema)
+    validator = json_schema_validator(schema, "the JSON Schema itself")
     errors = sorted(
         validator.iter_errors(instance), key=lambda e: (list(e.absolute_path), e.message)
     )

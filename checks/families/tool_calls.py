@@ -11,13 +11,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema import exceptions as jsonschema_exceptions
-from jsonschema import validators
-
 from checks.artifact import RunArtifact, ToolCall
 from checks.check import Check
 from checks.context import CheckContext
-from checks.families._common import ConfigError, guarded, json_equal, quote
+from checks.families._common import ConfigError, guarded, json_equal, json_schema_validator, quote
 from checks.results import FailureCode, Outcome
 
 
@@ -57,12 +54,7 @@ def _arg_mismatches(call: ToolCall, expected: dict[str, Any]) -> list[str]:
 def _schema_validator(schema: Any, tool: str) -> Any:
     if not isinstance(schema, dict):
         raise ConfigError(f"args_schema of {tool!r} must be a JSON Schema object")
-    validator_class = validators.validator_for(schema)
-    try:
-        validator_class.check_schema(schema)
-    except jsonschema_exceptions.SchemaError as exc:
-        raise ConfigError(f"args_schema of {tool!r} is invalid: {exc.message}") from exc
-    return validator_class(schema)
+    return json_schema_validator(schema, f"args_schema of {tool!r}")
 
 
 def _check_expectation(expectation: dict[str, Any], calls: list[ToolCall], tally: _Tally) -> None:

@@ -7,11 +7,11 @@ from collections import defaultdict
 
 from checks.report_model import ExecutionRecord
 from checks.scoring import score_execution
-from checks.spec.model import Spec as EngineSpec
 from evaluations.models import (
     CheckResult,
     Execution,
     Run,
+    SpecVersion,
 )
 
 
@@ -56,13 +56,17 @@ def _execution_record(execution: Execution, rows: list[CheckResult]) -> Executio
     )
 
 
-def execution_reason(execution: Execution) -> str:
-    """Why the execution did not pass, in words, from its stored rows ("" when it passed)."""
-    if execution.passed is not False and execution.status not in ("error", "provider_error"):
-        return ""
-    spec = EngineSpec.from_dict(execution.run.spec_version.parsed)
-    record = execution_record(execution)
-    return score_execution(record, pass_threshold=spec.scoring.pass_threshold).reason
+def execution_reason(execution: Execution, rows: list[CheckResult]) -> str:
+    """Why the execution did not pass, in words ("" when it passed), from its stored result
+    rows (already read by the caller); one query, for the spec's pass_threshold."""
+    threshold = (
+        SpecVersion.objects.filter(pk=execution.run.spec_version_id)
+        .values_list("parsed__scoring__pass_threshold", flat=True)
+        .first()
+    )
+    record = _execution_record(execution, rows)
+    pass_threshold = float(threshold) if isinstance(threshold, int | float) else None
+    return score_execution(record, pass_threshold=pass_threshold).reason
 
 
 def effective_results(rows: list[CheckResult]) -> list[CheckResult]:

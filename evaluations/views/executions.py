@@ -126,15 +126,14 @@ def execution_detail(request: HttpRequest, project_slug: str, execution_id: int)
     http_log, http_problem = _json_artifact(by_kind.get(ArtifactKind.HTTP_LOG), list)
     db_writes, db_problem = _json_artifact(by_kind.get(ArtifactKind.DB_WRITES), list)
     previous_id, next_id = selectors.execution_neighbours(execution)
+    results = selectors.execution_results(execution)
     context = {
         "access": access,
         "execution": execution,
         "run": execution.run,
         "artifacts": artifacts,
         "by_kind": by_kind,
-        "results": _result_rows(
-            selectors.execution_results(execution), selectors.pending_review_items(execution)
-        ),
+        "results": _result_rows(results, selectors.pending_review_items(execution)),
         # Human verdicts that replaced a result: who, when, before and after.
         "changes": selectors.result_changes(execution),
         "forbidden": [_pretty(v) for v in execution.forbidden_violations],
@@ -149,7 +148,7 @@ def execution_detail(request: HttpRequest, project_slug: str, execution_id: int)
         "db_writes": [w for w in db_writes if isinstance(w, dict)],
         "db_problem": db_problem,
         "reproducer": selectors.execution_reproducer(execution),
-        "reason": selectors.execution_reason(execution),
+        "reason": selectors.execution_reason(execution, results),
         "previous_id": previous_id,
         "next_id": next_id,
         "plan_invariants": execution.plan.get("invariant_ids") or [],

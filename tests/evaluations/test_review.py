@@ -712,7 +712,9 @@ def test_the_kappa_gate_passes_when_people_agree_with_the_judge(
         people,
         [0.9, 0.2, 0.9],
         [True, False, True],
-        gates={"judge_human_kappa_min": 0.7},
+        # pass_rate_min is always evaluated, and the one group (three replicas, one judged
+        # 0.2) fails: this test is about the kappa gate alone.
+        gates={"judge_human_kappa_min": 0.7, "pass_rate_min": 0},
     )
     gate = next(g for g in run.summary["gates"] if g["name"] == "judge_human_kappa_min")
     assert gate["actual"] == pytest.approx(1.0) and gate["passed"] is True

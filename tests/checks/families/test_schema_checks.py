@@ -59,3 +59,25 @@ def test_schema_file_that_is_not_json_is_check_error(run_check, ws_context):
     )
     assert outcome.failure_code is FailureCode.CHECK_ERROR
     assert "not valid JSON" in outcome.message
+
+
+def test_format_is_checked_as_kindlm_does(run_check) -> None:
+    # issue 12, item 3: format: email accepted "not-an-email" before.
+    schema = {
+        "type": "object",
+        "properties": {
+            "email": {"type": "string", "format": "email"},
+            "when": {"type": "string", "format": "date-time"},
+            "site": {"type": "string", "format": "uri"},
+        },
+    }
+    good = (
+        '{"email": "a@example.com", "when": "2026-11-24T10:00:00Z", "site": "https://x.example/"}'
+    )
+    assert run_check({"type": "schema", "schema": schema}, output=good).passed
+    bad = '{"email": "not-an-email", "when": "yesterday", "site": "not a uri"}'
+    outcome = run_check({"type": "schema", "schema": schema}, output=bad)
+    assert not outcome.passed
+    paths = {error["path"] for error in outcome.details["errors"]}
+    assert paths == {"/email", "/when", "/site"}
+    assert "'not-an-email' is not a 'email'" in outcome.message

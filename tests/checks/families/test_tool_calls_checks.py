@@ -135,3 +135,27 @@ def test_json_equal():
     assert not json_equal(True, 1)
     assert not json_equal("1", 1)
     assert not json_equal({"a": 1}, {"a": 1, "b": 2})
+
+
+def test_args_schema_checks_formats_too() -> None:
+    from checks.artifact import RunArtifact, ToolCall
+    from checks.context import CheckContext
+    from checks.registry import get_check_class
+
+    check = get_check_class("tool_calls")(
+        {
+            "type": "tool_calls",
+            "calls": [
+                {
+                    "tool": "send_email",
+                    "args_schema": {
+                        "type": "object",
+                        "properties": {"to": {"type": "string", "format": "email"}},
+                    },
+                }
+            ],
+        }
+    )
+    sent = RunArtifact(tool_calls=[ToolCall("send_email", {"to": "finance team"})])
+    outcome = check.evaluate(sent, CheckContext())
+    assert not outcome.passed and outcome.failure_code.value == "TOOL_CALL_ARGS_SCHEMA_INVALID"

@@ -1,6 +1,7 @@
 # checks/validate_api_responses.py
 import json
 import sys
+
 ctx = json.load(sys.stdin)
 audit_path = ctx["audit_log_path"]
 valid = 0
@@ -18,8 +19,12 @@ for line in open(audit_path):
     except json.JSONDecodeError:
         pass
 passed = total > 0 and valid == total
-print(json.dumps({
-    "passed": passed,
-    "score": valid / total if total else 0,
-    "reason": f"{valid}/{total} responses valid",
-}))
+print(
+    json.dumps(
+        {
+            "passed": passed,
+            "score": valid / total if total else 0,
+            "reason": f"{valid}/{total} responses valid",
+        }
+    )
+)
