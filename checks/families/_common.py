@@ -7,7 +7,9 @@ crash on a bad value: helpers raise ConfigError, and `guarded` turns it into a C
 from __future__ import annotations
 
 import functools
+import os
 import re
+import stat
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -162,11 +164,23 @@ def workspace_file(artifact: RunArtifact, context: CheckContext, relative: str) 
     return resolve_inside(workspace_root(artifact, context), relative)
 
 
-def read_text(path: Path) -> str:
+READ_CAP = 16 * 1024 * 1024  # a check reads at most this much of one file
+
+
+def read_text(path: Path, cap: int = READ_CAP) -> str:
+    """A regular file's text (resolve_inside has checked where it is). Opened without
+    blocking and read with a cap: the agent may have left a FIFO or a huge file there."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(f"cannot read {path.name}: {exc.strerror or exc}") from exc
+    with os.fdopen(handle, "rb") as file:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            raise ConfigError(f"cannot read {path.name}: not a regular file")
+        data = file.read(cap + 1)
+    if len(data) > cap:
+        raise ConfigError(f"cannot read {path.name}: larger than {cap} bytes")
+    return data.decode("utf-8", errors="replace")
 
 
 # --- text helpers ---------------------------------------------------------------------------

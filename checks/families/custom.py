@@ -10,13 +10,13 @@ through the sandbox's command runner, next to what the agent installed.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from checks import safe_files
 from checks.artifact import RunArtifact
 from checks.check import Check
 from checks.context import CheckContext, CommandResult
@@ -149,13 +149,14 @@ class CustomCheck(Check):
         script: Path, stdin: str, timeout: float, artifact: RunArtifact, context: CheckContext
     ) -> CommandResult:
         # The sandbox sees the workspace, so the script is placed there and run by relative path.
+        # Written without following links: the agent could have planted one at this path.
         root = workspace_root(artifact, context)
-        target_dir = root / SANDBOX_SCRIPT_DIR
-        target_dir.mkdir(parents=True, exist_ok=True)
-        target = target_dir / script.name
-        target.write_bytes(script.read_bytes())
-        os.chmod(target, 0o755)
-        relative = shlex.quote(f"{SANDBOX_SCRIPT_DIR}/{script.name}")
+        placed = f"{SANDBOX_SCRIPT_DIR}/{script.name}"
+        try:
+            safe_files.write_bytes(root, placed, script.read_bytes(), mode=0o755)
+        except OSError as exc:
+            raise ConfigError(f"cannot place script {script.name} in the workspace: {exc}") from exc
+        relative = shlex.quote(placed)
         command = f"python3 {relative}" if script.suffix == ".py" else f"./{relative}"
         try:
             runner = context.command_runner()
@@ -164,7 +165,7 @@ class CustomCheck(Check):
         try:
             return runner(command, stdin=stdin, timeout=timeout)
         finally:
-            target.unlink(missing_ok=True)
+            safe_files.remove(root, placed)
 
 
 # The check types this family contributes (checks.registry lists the families).

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import socket
 import time
 import urllib.error
@@ -19,13 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checks import safe_files
 from evaluations.runner.sandbox import ProcessResult, Sandbox
+from evaluations.runner.workspace import KEYSTONE_DIR
 
 AGENT_TYPES = ("command", "http", "python")
 DEFAULT_AGENT_TIMEOUT = 600.0
 HOST_SCRIPT = Path(__file__).with_name("python_agent_host.py")
 # Linux refuses a single environment string over 128 KiB; longer prompts go by file only.
 _MAX_PROMPT_IN_ENV = 100_000
+# The python agent host's result: the output, tool calls and a traceback, never megabytes.
+_MAX_AGENT_RESULT_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -90,9 +93,17 @@ def invoke_agent(
         cpus=cpus,
         memory_mb=memory_mb,
     )
-    if kind == "command":
-        return _invoke_command(agent_config, prompt, invocation)
-    return _invoke_python(agent_config, prompt, context, invocation)
+    try:
+        if kind == "command":
+            return _invoke_command(agent_config, prompt, invocation)
+        return _invoke_python(agent_config, prompt, context, invocation)
+    except safe_files.UnsafePath as exc:
+        # Something in the workspace put a link where Keystone's own files go: refused.
+        return AgentResult(
+            final_output="",
+            status="error",
+            error=f"refused to use the workspace's {KEYSTONE_DIR}/: {exc}",
+        )
 
 
 def reset_agent(
@@ -165,11 +176,28 @@ class _SandboxInvocation:
         """The workspace path as the agent sees it."""
         return self.sandbox.workspace_path(self.workspace)
 
-    def keystone_file(self, name: str) -> tuple[Path, str]:
-        """A file in `.keystone/`: (host path, path inside the sandbox)."""
-        host = self.workspace / ".keystone" / name
-        host.parent.mkdir(parents=True, exist_ok=True)
-        return host, f"{self.inside}/.keystone/{name}"
+    # Keystone's files in `.keystone/` are read and written through checks.safe_files: the
+    # agent can write there, and a link it planted must never be followed.
+
+    def keystone_path(self, name: str) -> str:
+        """The path of `.keystone/<name>` inside the sandbox."""
+        return f"{self.inside}/{KEYSTONE_DIR}/{name}"
+
+    def write_keystone(self, name: str, data: bytes) -> str:
+        safe_files.write_bytes(self.workspace, f"{KEYSTONE_DIR}/{name}", data)
+        return self.keystone_path(name)
+
+    def read_keystone(self, name: str, cap: int) -> tuple[bytes, int] | None:
+        """At most `cap` bytes of `.keystone/<name>` and its size; None when the agent wrote
+        none, or put a link or anything but a regular file there."""
+        try:
+            return safe_files.read_bytes(self.workspace, f"{KEYSTONE_DIR}/{name}", cap=cap)
+        except OSError:
+            return None
+
+    def remove_keystone(self, name: str) -> str:
+        safe_files.remove(self.workspace, f"{KEYSTONE_DIR}/{name}")
+        return self.keystone_path(name)
 
     def ro_binds(self) -> Sequence[Path]:
         # The spec's directory is readable (agent code, fixtures); nothing else of the server.
@@ -192,10 +220,8 @@ class _SandboxInvocation:
 
 
 def _prompt_env(prompt: str, invocation: _SandboxInvocation) -> dict[str, str]:
-    prompt_host, prompt_inside = invocation.keystone_file("prompt.txt")
-    prompt_host.write_text(prompt, encoding="utf-8")
-    output_host, output_inside = invocation.keystone_file("output")
-    output_host.unlink(missing_ok=True)
+    prompt_inside = invocation.write_keystone("prompt.txt", prompt.encode("utf-8"))
+    output_inside = invocation.remove_keystone("output")
     env = {
         "KEYSTONE_PROMPT_FILE": prompt_inside,
         "KEYSTONE_OUTPUT": output_inside,
@@ -213,9 +239,7 @@ def _invoke_command(
     if not command:
         raise AgentConfigError("agent.command is required for type 'command'")
     process = invocation.run(str(command), stdin=prompt, extra_env=_prompt_env(prompt, invocation))
-    written = _read_output(
-        invocation.workspace / ".keystone" / "output", invocation.max_output_bytes
-    )
+    written = _read_output(invocation, invocation.max_output_bytes)
     result = _from_process(process, final_output=process.stdout if written is None else written)
     if result.status == "failed":
         result.error = f"agent command exited with code {process.exit_code}"
@@ -262,10 +286,8 @@ def _run_host(
     invocation: _SandboxInvocation,
 ) -> tuple[ProcessResult, dict[str, Any] | None]:
     """Copy the host script into the workspace and run it with the request on stdin."""
-    script_host, script_inside = invocation.keystone_file("python_agent_host.py")
-    shutil.copyfile(HOST_SCRIPT, script_host)
-    result_host, result_inside = invocation.keystone_file("agent_result.json")
-    result_host.unlink(missing_ok=True)
+    script_inside = invocation.write_keystone("python_agent_host.py", HOST_SCRIPT.read_bytes())
+    result_inside = invocation.remove_keystone("agent_result.json")
     python_path = [str(invocation.spec_dir.resolve()), invocation.inside]
     if invocation.env.get("PYTHONPATH"):
         python_path.append(invocation.env["PYTHONPATH"])
@@ -279,9 +301,10 @@ def _run_host(
     python = str(agent_config.get("python") or invocation.sandbox.python_executable())
     command = f"exec {shlex.quote(python)} {shlex.quote(script_inside)}"
     process = invocation.run(command, stdin=json.dumps(request), extra_env=extra_env)
+    written = invocation.read_keystone("agent_result.json", _MAX_AGENT_RESULT_BYTES)
     try:
-        record = json.loads(result_host.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        record = json.loads(written[0].decode("utf-8")) if written else None
+    except ValueError:
         record = None
     return process, record if isinstance(record, dict) else None
 
@@ -325,14 +348,12 @@ def _from_process(process: ProcessResult, *, final_output: str) -> AgentResult:
     )
 
 
-def _read_output(path: Path, cap: int) -> str | None:
+def _read_output(invocation: _SandboxInvocation, cap: int) -> str | None:
     """The agent's $KEYSTONE_OUTPUT, capped like stdout; None when it did not write one."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as handle:
-            data = handle.read(cap)
-    except OSError:
+    written = invocation.read_keystone("output", cap)
+    if written is None:
         return None
+    data, size = written
     text = data.decode("utf-8", errors="replace")
     return text + f"\n[... truncated {size - cap} bytes by Keystone]" if size > cap else text
 

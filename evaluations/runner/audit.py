@@ -8,18 +8,17 @@ its conversation (LLM calls and tool calls), one JSON event per line in time ord
     {"type": "http_call", "time": 1732450000.1, "details": {"response_body": "...", ...}}
 
 The event types and their `details` are listed in docs/checks.md. The files are written
-after the agent finished and before the checks run. The agent could have planted a link
-where a file goes, so they are opened below the workspace without following links.
+after the agent finished and before the checks run, through checks.safe_files: the agent
+could have planted a link where a file goes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from checks import safe_files
 from checks.artifact import RunArtifact
 from evaluations.runner.workspace import KEYSTONE_DIR
 
@@ -118,38 +117,11 @@ def trace_events(artifact: RunArtifact) -> list[dict[str, Any]]:
 
 def write_audit(workspace: Path, artifact: RunArtifact, command: str) -> tuple[str, str]:
     """Write both files into `<workspace>/.keystone/`; their paths, for the check context."""
-    directory = _keystone_dir(workspace)
-    try:
-        _write_lines(directory, AUDIT_FILE, audit_events(artifact, command))
-        _write_lines(directory, TRACE_FILE, trace_events(artifact))
-    finally:
-        os.close(directory)
-    base = workspace / KEYSTONE_DIR
-    return str(base / AUDIT_FILE), str(base / TRACE_FILE)
-
-
-def _keystone_dir(workspace: Path) -> int:
-    """A descriptor of `<workspace>/.keystone`, made if missing; refused if it is a link."""
-    root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(KEYSTONE_DIR, 0o755, dir_fd=root)
-        return os.open(KEYSTONE_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root)
-    finally:
-        os.close(root)
-
-
-def _write_lines(directory: int, name: str, events: list[dict[str, Any]]) -> None:
-    # Whatever the agent left under this name (a link to a host file, a directory) is
-    # replaced, never followed: unlink does not follow links, O_EXCL refuses one.
-    try:
-        os.unlink(name, dir_fd=directory)
-    except FileNotFoundError:
-        pass
-    except IsADirectoryError:
-        os.rename(name, f"{name}.agent-dir", src_dir_fd=directory, dst_dir_fd=directory)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-    handle = os.open(name, flags, 0o644, dir_fd=directory)
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        for event in events:
-            out.write(json.dumps(event, ensure_ascii=False, default=str) + "\n")
+    paths = []
+    for name, events in (
+        (AUDIT_FILE, audit_events(artifact, command)),
+        (TRACE_FILE, trace_events(artifact)),
+    ):
+        lines = "".join(json.dumps(e, ensure_ascii=False, default=str) + "\n" for e in events)
+        paths.append(str(safe_files.write_text(workspace, f"{KEYSTONE_DIR}/{name}", lines)))
+    return paths[0], paths[1]

@@ -172,7 +172,13 @@ def run_execution(
                 workspace, spec.raw.get("output_artifacts") or []
             )
             warnings.extend(output_warnings)
-            audit_log_path, trace_path = write_audit(workspace, artifact, _agent_label(spec.agent))
+            try:
+                audit_log_path, trace_path = write_audit(
+                    workspace, artifact, _agent_label(spec.agent)
+                )
+            except OSError as exc:  # the agent put a link where .keystone/ was: refused
+                audit_log_path = trace_path = None
+                warnings.append(f"audit and trace files not written: {exc}")
             invariants = [spec.invariants[i] for i in planned.invariant_ids]
             context = CheckContext(
                 workspace=workspace,

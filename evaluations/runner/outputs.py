@@ -14,11 +14,10 @@ is skipped with a warning, never followed.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
+from checks import safe_files
 from checks.artifact import OutputArtifact
 from evaluations.runner.workspace import KEYSTONE_DIR
 
@@ -63,13 +62,14 @@ def _inside(workspace: Path, path: Path) -> str | None:
 def _emitted(workspace: Path) -> tuple[list[OutputArtifact], list[str]]:
     where = f"{KEYSTONE_DIR}/{EMITTED_FILE}"
     try:
-        text = _read_no_follow(workspace / KEYSTONE_DIR / EMITTED_FILE)
+        data, size = safe_files.read_bytes(workspace, where, cap=EMITTED_MAX_BYTES)
     except FileNotFoundError:
         return [], []
     except OSError as exc:
-        return [], [f"{where}: not read ({exc.strerror or exc}); it must be a regular file"]
-    if text is None:
+        return [], [f"{where}: not read ({exc}); it must be a regular file"]
+    if size > EMITTED_MAX_BYTES:
         return [], [f"{where}: larger than {EMITTED_MAX_BYTES} bytes, not read"]
+    text = data.decode("utf-8", errors="replace")
     try:
         entries = json.loads(text)
     except ValueError as exc:
@@ -95,17 +95,3 @@ def _emitted(workspace: Path) -> tuple[list[OutputArtifact], list[str]]:
             continue
         found.append(OutputArtifact(artifact_type=kind, path=relative))
     return found, warnings
-
-
-def _read_no_follow(path: Path) -> str | None:
-    """The file's text (None when too large); a link raises OSError (ELOOP), never followed."""
-    if path.parent.is_symlink():
-        raise OSError(f"{path.parent.name} is a link")
-    handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(handle, "rb") as file:
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
-            raise OSError("not a regular file")
-        data = file.read(EMITTED_MAX_BYTES + 1)
-    if len(data) > EMITTED_MAX_BYTES:
-        return None
-    return data.decode("utf-8", "replace")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checks import safe_files
 from checks.context import CommandResult, CommandRunner
 
 NETWORK_MODES = ("none", "services", "host")
@@ -651,9 +652,9 @@ class DockerSandbox(Sandbox):
         stdin_name, out_name, err_name = (
             f".keystone/{kind}-{token}" for kind in ("stdin", "stdout", "stderr")
         )
-        (workspace / stdin_name).write_text(request.stdin or "", encoding="utf-8")
+        safe_files.write_text(workspace, stdin_name, request.stdin or "")
         out, err = _CappedBuffer(request.max_output_bytes), _CappedBuffer(request.max_output_bytes)
-        pump = _FifoPump({workspace / out_name: out, workspace / err_name: err})
+        pump = _FifoPump(workspace, {out_name: out, err_name: err})
         wrapper = 'exec /bin/sh -c "$1" < "$2" > "$3" 2> "$4"'
         # A list, not a dict keyed by host path: the same host path may appear twice.
         volumes = [f"{workspace}:{_CONTAINER_WORKSPACE}:rw"]
@@ -723,13 +724,14 @@ class _FifoPump:
     reads as end-of-file before the container has even opened it. `finish()` drops our
     writer, so the pipes end once the container's writers are gone."""
 
-    def __init__(self, pipes: dict[Path, _CappedBuffer]) -> None:
+    def __init__(self, workspace: Path, pipes: dict[str, _CappedBuffer]) -> None:
         self._readers: dict[int, _CappedBuffer] = {}
         self._writers: list[int] = []
-        for path, buffer in pipes.items():
-            os.mkfifo(path, 0o600)
-            self._readers[os.open(path, os.O_RDONLY | os.O_NONBLOCK)] = buffer
-            self._writers.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        # In the agent's workspace: made and opened without following links it planted.
+        for relative, buffer in pipes.items():
+            safe_files.make_fifo(workspace, relative)
+            self._readers[safe_files.open_fifo(workspace, relative, os.O_RDONLY)] = buffer
+            self._writers.append(safe_files.open_fifo(workspace, relative, os.O_WRONLY))
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()
 

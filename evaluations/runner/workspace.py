@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from checks import safe_files
 from checks.artifact import FileChange
 
 # Keystone's own files inside a workspace (agent output, audit, trace); never part of the diff.
@@ -53,9 +55,16 @@ def create_workspace(
             shutil.copytree(source, workspace, symlinks=True, dirs_exist_ok=True)
         for relative, content in (files or {}).items():
             target = _inside(workspace, relative, what="sandbox.files")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content, encoding="utf-8")
-        (workspace / KEYSTONE_DIR).mkdir(exist_ok=True)
+            # Not through a link the fixture copy may hold: links are copied as links.
+            safe_files.write_text(
+                workspace, target.relative_to(workspace.resolve()).as_posix(), content
+            )
+        # Keystone's own directory: whatever the fixture put there (a link out of the
+        # workspace, a file) is removed, never followed.
+        own = workspace / KEYSTONE_DIR
+        if own.is_symlink() or (own.exists() and not own.is_dir()):
+            own.unlink()
+        own.mkdir(exist_ok=True)
     except BaseException:
         remove_workspace(workspace)
         raise
@@ -95,16 +104,22 @@ def snapshot(path: Path) -> Snapshot:
             relative = os.path.relpath(full, path).replace(os.sep, "/")
             try:
                 info = os.lstat(full)
-                digest = _link_digest(full) if os.path.islink(full) else _file_digest(full)
+                if stat.S_ISLNK(info.st_mode):
+                    digest = _link_digest(full)
+                elif stat.S_ISREG(info.st_mode):
+                    digest = _file_digest(path, relative)
+                else:
+                    continue  # a FIFO, socket or device: not a file the agent wrote
             except OSError:
-                continue  # vanished or unreadable between walk and stat: not a stable file
+                continue  # vanished, replaced or unreadable since the walk: not a stable file
             state[relative] = (info.st_size, info.st_mtime_ns, digest)
     return state
 
 
-def _file_digest(path: str) -> str:
+def _file_digest(root: Path, relative: str) -> str:
+    # Opened without following links: the agent (or what it left running) may swap the file.
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with safe_files.open_regular(root, relative) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -136,18 +151,18 @@ def _with_content(
     relative: str, change: str, state: FileState, workspace: Path, text_cap: int
 ) -> FileChange:
     size = state[0]
-    full = workspace / relative
-    content = None
-    if size <= text_cap and not full.is_symlink():
-        content = _read_text(full)
+    content = _read_text(workspace, relative, text_cap) if size <= text_cap else None
     return FileChange(path=relative, change=change, content=content, size=size)
 
 
-def _read_text(path: Path) -> str | None:
-    """The file as UTF-8 text, or None when it looks binary (NUL byte or invalid UTF-8)."""
+def _read_text(workspace: Path, relative: str, cap: int) -> str | None:
+    """The file as UTF-8 text; None when it looks binary (NUL byte or invalid UTF-8), grew
+    past the cap, or is a link or not a regular file."""
     try:
-        data = path.read_bytes()
+        data, size = safe_files.read_bytes(workspace, relative, cap=cap)
     except OSError:
+        return None
+    if size > cap:
         return None
     if b"\x00" in data:
         return None
