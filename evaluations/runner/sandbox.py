@@ -487,13 +487,19 @@ _ETC_ENTRIES = (
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
+# The command runs as `nobody` in a user namespace of its own, with no capability: even when
+# the worker is root, it cannot remount /, open the host's files by handle, or open raw
+# sockets (CAP_NET_RAW of the host's network belongs to the host's user namespace).
+BWRAP_PRIVILEGES = ("--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL")
+
+
 @functools.cache
 def bwrap_status() -> tuple[bool, str]:
     """Whether bubblewrap really works here (installed is not enough: the kernel or the
     container may forbid its namespaces). Tried once per process."""
     try:
         done = subprocess.run(
-            ["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "true"],
+            ["bwrap", *BWRAP_PRIVILEGES, "--ro-bind", "/", "/", "--unshare-pid", "true"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -524,6 +530,7 @@ class BwrapSandbox(_ProcessSandbox):
     ) -> list[str]:
         args = [
             self.executable,
+            *BWRAP_PRIVILEGES,
             "--die-with-parent",
             "--new-session",
             "--unshare-pid",
