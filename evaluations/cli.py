@@ -133,7 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="start a worker that executes queued runs")
     worker.add_argument("--concurrency", type=int, default=2)
     worker.add_argument("--loglevel", default="info")
+    worker.add_argument(
+        "--beat",
+        action="store_true",
+        help="also run the periodic jobs (exactly one process per deployment may)",
+    )
+    worker.add_argument(
+        "--name", default=None, help="the worker's node name (default: keystone-PID@HOST)"
+    )
     worker.set_defaults(handler=_django_command("cmd_worker"))
+    beat = commands.add_parser(
+        "beat",
+        help="run the periodic jobs (requeue of dead workers' executions); one per deployment",
+    )
+    beat.add_argument("--loglevel", default="info")
+    beat.set_defaults(handler=_django_command("cmd_beat"))
     serve = commands.add_parser("serve", help="start the web app and a worker beside it")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)

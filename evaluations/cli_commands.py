@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -264,8 +263,9 @@ def celery_worker_command(
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """A Celery worker (with the periodic requeue of dead workers' executions), or the
-    embedded database-polling worker when no broker is configured."""
+    """A Celery worker, or the embedded database-polling worker when no broker is configured.
+    Beat (the periodic requeue of dead workers' executions) runs only with --beat: a
+    deployment runs exactly one (`keystone beat`, or one worker started with --beat)."""
     setup_django(migrate=False)
     from django.conf import settings
 
@@ -278,9 +278,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
     command = celery_worker_command(
         concurrency=args.concurrency,
         loglevel=args.loglevel,
-        beat_schedule=Path(settings.KEYSTONE_HOME) / "celerybeat-schedule",
+        beat_schedule=Path(settings.KEYSTONE_HOME) / "celerybeat-schedule" if args.beat else None,
+        # Unique per process, so two workers on one host are two nodes, not one name twice.
+        hostname=args.name or f"keystone-{os.getpid()}@%h",
     )
-    return subprocess.call(command)
+    # One process tree: Celery replaces this process instead of running beside it.
+    os.execv(command[0], command)
+    return 0  # not reached
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    """Celery beat alone: the periodic jobs (requeue of expired leases) for a deployment."""
+    setup_django(migrate=False)
+    from django.conf import settings
+
+    if settings.CELERY_TASK_ALWAYS_EAGER:
+        print("keystone beat: no CELERY_BROKER_URL; the embedded worker runs the periodic jobs")
+        return 2
+    schedule = Path(settings.KEYSTONE_HOME) / "celerybeat-schedule"
+    command = [sys.executable, "-m", "celery", "-A", "keystone_web", "beat"]
+    command += ["--loglevel", args.loglevel, "--schedule", str(schedule)]
+    os.execv(command[0], command)
+    return 0  # not reached
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -662,6 +662,7 @@ class DockerSandbox(Sandbox):
         safe_files.write_text(workspace, stdin_name, request.stdin or "")
         out, err = _CappedBuffer(request.max_output_bytes), _CappedBuffer(request.max_output_bytes)
         pump = _FifoPump(workspace, {out_name: out, err_name: err})
+        user = _container_user(workspace)
         wrapper = 'exec /bin/sh -c "$1" < "$2" > "$3" 2> "$4"'
         # A list, not a dict keyed by host path: the same host path may appear twice.
         volumes = [f"{workspace}:{_CONTAINER_WORKSPACE}:rw"]
@@ -681,7 +682,13 @@ class DockerSandbox(Sandbox):
                 network_mode="none" if request.network == "none" else "host",
                 nano_cpus=int(request.cpus * 1e9) if request.cpus else None,
                 mem_limit=f"{request.memory_mb}m" if request.memory_mb else None,
-                user=f"{os.getuid()}:{os.getgid()}",  # files it writes stay removable by the server
+                user=user,
+                # No capability, no privilege gained through setuid files, a read-only root
+                # filesystem: the agent writes only its workspace and a private /tmp.
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                read_only=True,
+                tmpfs={"/tmp": "rw,nosuid,nodev,size=256m"},
                 ulimits=[
                     docker.types.Ulimit(
                         name="fsize", soft=request.max_file_bytes, hard=request.max_file_bytes
@@ -722,6 +729,21 @@ class DockerSandbox(Sandbox):
             stderr_truncated=err.truncated,
             error=error,
         )
+
+
+NOBODY = 65534
+
+
+def _container_user(workspace: Path) -> str:
+    """The user the container runs as: the worker's own, or `nobody` when the worker is root
+    (root in a container is root on the host's files); the workspace is then handed to it."""
+    if os.getuid() != 0:
+        return f"{os.getuid()}:{os.getgid()}"
+    for directory, dirnames, filenames in os.walk(workspace):
+        os.lchown(directory, NOBODY, NOBODY)
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(directory, name), NOBODY, NOBODY)
+    return f"{NOBODY}:{NOBODY}"
 
 
 class _FifoPump:
