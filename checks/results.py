@@ -38,6 +38,7 @@ class FailureCode(StrEnum):
     PROVIDER_AUTH_FAILED = "PROVIDER_AUTH_FAILED"
     PROVIDER_ERROR = "PROVIDER_ERROR"
     CHECK_ERROR = "CHECK_ERROR"
+    CHECK_TIMEOUT = "CHECK_TIMEOUT"  # a user pattern ran past its time limit
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
 
@@ -45,6 +46,7 @@ class FailureCode(StrEnum):
 ERROR_CODES = frozenset(
     {
         FailureCode.CHECK_ERROR,
+        FailureCode.CHECK_TIMEOUT,
         FailureCode.INTERNAL_ERROR,
         FailureCode.JUDGE_PARSE_ERROR,
         FailureCode.PROVIDER_TIMEOUT,

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import stat
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+import regex
 
 from checks.artifact import RunArtifact
 from checks.check import Check
@@ -42,6 +43,10 @@ def guarded(method: Evaluate[CheckT]) -> Evaluate[CheckT]:
             return method(self, artifact, context)
         except ConfigError as exc:
             return Outcome.error(f"{self.type}: {exc}")
+        except PatternTimeout as exc:
+            return Outcome.error(
+                f"{self.type}: {exc}", FailureCode.CHECK_TIMEOUT, pattern=exc.pattern
+            )
         except JudgeError as exc:  # the judge's provider failed: its code, not a check error
             return Outcome.error(f"{self.type}: judge error {exc.code}: {exc}", _judge_code(exc))
 
@@ -121,11 +126,47 @@ def one_or_many(config: dict[str, Any], single: str, many: str) -> list[str]:
     return items
 
 
-def compile_regex(pattern: str, flags: int = 0) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern, flags)
-    except re.error as exc:
-        raise ConfigError(f"invalid regular expression {pattern!r}: {exc}") from exc
+# A user's pattern may backtrack catastrophically (`(a+)+$` on "aaaa...b"): each search runs
+# with a time limit (the `regex` package stops it), so no pattern can freeze a worker.
+REGEX_TIMEOUT_SECONDS = 1.0
+
+
+class PatternTimeout(Exception):
+    """A user pattern ran past REGEX_TIMEOUT_SECONDS: a CHECK_TIMEOUT naming the pattern."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__(
+            f"pattern {pattern!r} took longer than {REGEX_TIMEOUT_SECONDS:g}s on this output "
+            "(catastrophic backtracking?); simplify it"
+        )
+        self.pattern = pattern
+
+
+class UserPattern:
+    """A regular expression from a spec, searched with a time limit."""
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self.pattern = pattern
+        try:
+            self._compiled = regex.compile(pattern, flags)
+        except regex.error as exc:
+            raise ConfigError(f"invalid regular expression {pattern!r}: {exc}") from exc
+
+    def search(self, text: str) -> Any:
+        try:
+            return self._compiled.search(text, timeout=REGEX_TIMEOUT_SECONDS)
+        except TimeoutError as exc:
+            raise PatternTimeout(self.pattern) from exc
+
+    def finditer(self, text: str) -> list[Any]:
+        try:
+            return list(self._compiled.finditer(text, timeout=REGEX_TIMEOUT_SECONDS))
+        except TimeoutError as exc:
+            raise PatternTimeout(self.pattern) from exc
+
+
+def compile_regex(pattern: str, flags: int = 0) -> UserPattern:
+    return UserPattern(pattern, flags)
 
 
 # --- workspace paths ------------------------------------------------------------------------

@@ -17,14 +17,20 @@ from typing import Any
 from checks.artifact import RunArtifact
 from checks.check import Check
 from checks.context import CheckContext
-from checks.families._common import ConfigError, compile_regex, get_str_list, guarded
+from checks.families._common import (
+    ConfigError,
+    UserPattern,
+    compile_regex,
+    get_str_list,
+    guarded,
+)
 from checks.results import FailureCode, Outcome
 
 
 @dataclass(frozen=True)
 class Detector:
     name: str
-    regex: re.Pattern[str]
+    regex: re.Pattern[str] | UserPattern  # built-in detectors, or a spec's (time-limited)
     valid: Callable[[str], bool] = lambda _match: True
 
     def find(self, text: str) -> list[tuple[int, int, str]]:

@@ -17,6 +17,11 @@ Path = tuple[Any, ...]
 
 # Far above any real spec; stops alias bombs ("billion laughs") from expanding forever.
 MAX_NODES = 200_000
+# Bounds checked on the text before any parser sees it: a parser crash (a C loader hit by
+# 60 KB of `[[[[`) would take the whole server down, and a spec this large is a mistake.
+MAX_SPEC_BYTES = 1_000_000
+MAX_FLOW_DEPTH = 100  # nested [ ] and { }
+MAX_INDENT = 400  # columns of leading spaces (block nesting)
 
 
 class Mark(NamedTuple):
@@ -155,6 +160,10 @@ class _Builder:
 def load_yaml(text: str) -> LoadedYaml:
     """Parse one YAML document. Never raises for bad input: problems are in the result."""
     result = LoadedYaml(data=None)
+    refused = _refuse_before_parsing(text)
+    if refused is not None:
+        result.problems.append(refused)
+        return result
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -185,6 +194,41 @@ def load_yaml(text: str) -> LoadedYaml:
     finally:
         loader.dispose()
     return result
+
+
+def _refuse_before_parsing(text: str) -> LoadProblem | None:
+    """A problem when the text is too large or nested too deeply to hand to a parser."""
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_SPEC_BYTES:
+        return LoadProblem(
+            (), f"the spec is {size:,} bytes; the limit is {MAX_SPEC_BYTES:,} bytes", Mark(1, 1)
+        )
+    depth = 0
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        indent = len(line) - len(line.lstrip(" "))
+        if indent > MAX_INDENT:
+            return LoadProblem(
+                (), f"nested too deeply: {indent} columns of indentation", Mark(line_number, 1)
+            )
+        quote = ""
+        for column, char in enumerate(line, start=1):
+            if quote:
+                quote = "" if char == quote else quote
+            elif char in "'\"":
+                quote = char
+            elif char == "#" and (column == 1 or line[column - 2] in " \t"):
+                break  # a comment: the rest of the line is not YAML
+            elif char in "[{":
+                depth += 1
+                if depth > MAX_FLOW_DEPTH:
+                    return LoadProblem(
+                        (),
+                        f"nested too deeply: more than {MAX_FLOW_DEPTH} levels of [ ] or {{ }}",
+                        Mark(line_number, column),
+                    )
+            elif char in "]}":
+                depth = max(0, depth - 1)
+    return None
 
 
 def _yaml_error_text(exc: yaml.MarkedYAMLError) -> str:
