@@ -98,6 +98,11 @@ class Gateway:
     # -- lifecycle
 
     @property
+    def upstream_url(self) -> str | None:
+        """The real model endpoint behind the gateway (None for the scripted provider)."""
+        return None if self._upstream is None else str(self._upstream.base_url).rstrip("/")
+
+    @property
     def base_url(self) -> str:
         return f"{self._http.url}/v1"
 

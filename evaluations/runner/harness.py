@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checks.artifact import RunArtifact, ToolCall
+from checks.artifact import LLMCall, RunArtifact, ToolCall
 from checks.context import CheckContext, Judge, SecurityPolicy
 from checks.engine import evaluate
 from checks.forbidden import evaluate_forbidden
@@ -158,8 +158,13 @@ def run_execution(
                 artifact.tool_calls = artifact.tool_calls + proxy.calls()
             if gateway is not None:
                 artifact.llm_calls = gateway.calls()
-                if any(call.status in (401, 403) and not call.fault for call in artifact.llm_calls):
+                failure = provider_failure(artifact.llm_calls, gateway.upstream_url)
+                if failure is not None:
+                    # The agent's model failed it (not an injected fault): Keystone cannot
+                    # judge the agent, whatever it made of the error (exit code 3).
                     artifact.status = "provider_error"
+                    artifact.error = failure
+                    warnings.append(failure)
             artifact.input_tokens = sum(c.input_tokens for c in artifact.llm_calls)
             artifact.output_tokens = sum(c.output_tokens for c in artifact.llm_calls)
             artifact.cost_usd = sum(c.cost_usd for c in artifact.llm_calls)
@@ -172,12 +177,13 @@ def run_execution(
                 workspace, spec.raw.get("output_artifacts") or []
             )
             warnings.extend(output_warnings)
+            audit_log_path: str | None = None
+            trace_path: str | None = None
             try:
                 audit_log_path, trace_path = write_audit(
                     workspace, artifact, _agent_label(spec.agent)
                 )
             except OSError as exc:  # the agent put a link where .keystone/ was: refused
-                audit_log_path = trace_path = None
                 warnings.append(f"audit and trace files not written: {exc}")
             invariants = [spec.invariants[i] for i in planned.invariant_ids]
             context = CheckContext(
@@ -298,6 +304,22 @@ def _scenario_params(
         "replica": planned.replica,
         "seed": seed,
     }
+
+
+def provider_failure(llm_calls: list[LLMCall], endpoint: str | None) -> str | None:
+    """Why the agent's model endpoint failed the execution, or None. Credentials refused
+    (401/403) on any call; unreachable, timed out, rate limited or a server error on the
+    last call, after which the agent had no working model. Injected faults never count."""
+    real = [call for call in llm_calls if not call.fault]
+    refused = [call for call in real if call.status in (401, 403)]
+    failed = refused[:1] or [c for c in real[-1:] if c.status == 429 or c.status >= 500]
+    if not failed:
+        return None
+    call = failed[0]
+    error = call.response.get("error") if isinstance(call.response, dict) else None
+    said = error.get("message") if isinstance(error, dict) else None
+    where = endpoint or "the scripted provider"
+    return f"model endpoint {where} answered {call.status}" + (f": {said}" if said else "")
 
 
 def _provider_warnings(results: list[CheckResult]) -> list[str]:
