@@ -118,6 +118,17 @@ def run_execution(
                 "memory_mb": resources.get("memory_mb", 2048),
             }
             setup_error = _run_setup(spec, sandbox, run_kwargs)
+            if not setup_error:
+                # A reset that fails leaves the previous cell's state in the agent: the
+                # execution would be judged on contaminated ground, so it does not run.
+                reset_error = reset_agent(
+                    spec.agent,
+                    sandbox=sandbox,
+                    workspace=workspace,
+                    env=env,
+                    spec_dir=config.spec_dir,
+                )
+                setup_error = f"agent reset failed: {reset_error}" if reset_error else None
             before = ws.snapshot(workspace)
             if setup_error:
                 artifact = RunArtifact(
@@ -125,13 +136,6 @@ def run_execution(
                 )
                 agent_cpu_ms = 0.0
             else:
-                reset_agent(
-                    spec.agent,
-                    sandbox=sandbox,
-                    workspace=workspace,
-                    env=env,
-                    spec_dir=config.spec_dir,
-                )
                 result = invoke_agent(
                     spec.agent,
                     prompt=planned.prompt,
