@@ -85,10 +85,12 @@ GATE_NAMES: dict[str, bool] = {
     "judge_human_kappa_min": True,
 }
 DEFAULT_GATES = {"pass_rate_min": 1.0}
+# Reference 002's words; a python agent is told about its own hook, reset_function.
 STATEFUL_WARNING = (
-    "No reset_endpoint configured. Contract matrix cells may share state. "
-    "Results may be contaminated."
+    "Warning: No reset_endpoint configured. Contract matrix cells may share state. "
+    "Results may be contaminated. Add reset_endpoint to your config for accurate isolation."
 )
+STATEFUL_WARNING_PYTHON = STATEFUL_WARNING.replace("reset_endpoint", "reset_function")
 
 
 # ---------------------------------------------------------------- one execution
@@ -693,7 +695,8 @@ def _warnings(
         if gate.empty and gate.name != "critical_failures":
             warnings.append(f"gate {gate.name} had no data and passes (flagged empty)")
     if _looks_stateful(spec, records):
-        warnings.append(STATEFUL_WARNING)
+        python = spec.agent.get("type") == "python"
+        warnings.append(STATEFUL_WARNING_PYTHON if python else STATEFUL_WARNING)
     return warnings
 
 

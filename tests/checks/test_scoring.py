@@ -763,7 +763,15 @@ def test_stateful_agent_without_reset_gets_the_contamination_warning() -> None:
         ),
     ]
     warnings = score_run(spec, records).warnings
-    assert any("No reset_endpoint configured" in w for w in warnings)
+    assert (
+        "Warning: No reset_endpoint configured. Contract matrix cells may share state. "
+        "Results may be contaminated. Add reset_endpoint to your config for accurate isolation."
+    ) in warnings
+    python = make_spec(agent={"type": "python", "callable": "a:run"}, replicas=2)
+    assert any(
+        w.startswith("Warning: No reset_function configured.") and "Add reset_function" in w
+        for w in score_run(python, records).warnings
+    )
     with_reset = make_spec(
         agent={"type": "http", "endpoint": "http://x/", "reset_endpoint": "http://x/reset"},
         replicas=2,
