@@ -7,6 +7,11 @@ Pure engine tests (tests/checks/) use none of this and also run with `-p no:djan
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,51 @@ def _artifacts_in_tmp(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
         },
     }
     yield
+
+
+@pytest.fixture(scope="session")
+def test_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis server of this test session's own, so the Celery tests never touch anyone
+    else's data: redis-server on a free port, nothing kept on disk, stopped at the end.
+    KEYSTONE_TEST_BROKER_URL names an explicit server instead."""
+    explicit = os.environ.get("KEYSTONE_TEST_BROKER_URL")
+    if explicit:
+        yield explicit
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail(
+            "the Celery tests need redis-server (Debian's redis-server package) "
+            "or KEYSTONE_TEST_BROKER_URL pointing at a Redis they may use"
+        )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    directory = tmp_path_factory.mktemp("redis")
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        + ["--dir", str(directory), "--logfile", str(directory / "redis.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as connection:
+                connection.sendall(b"PING\r\n")
+                if connection.recv(16).startswith(b"+PONG"):
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            pytest.fail(f"redis-server did not start on port {port} (see {directory}/redis.log)")
+        time.sleep(0.05)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 @pytest.fixture

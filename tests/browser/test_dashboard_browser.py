@@ -3,7 +3,8 @@
 An editor signs in, writes a spec with a mistake and sees the error at its line while typing,
 fixes it, saves, starts a run and watches the page follow it to the end (htmx polling, no
 reload), opens a failing execution from the heatmap and downloads the JUnit report. Screenshots
-of the main pages go to docs/screenshots/.
+of the main pages go to a temporary directory (KEYSTONE_SCREENSHOTS_DIR=docs/screenshots
+regenerates the committed ones).
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ from keystone_web.celery import app as celery_app
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BROKER_URL = os.environ.get("KEYSTONE_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
 LEASE_SECONDS = 4
 LOCK_KEY = "keystone-tests:in-use"
 TERMINAL = {
@@ -125,10 +124,10 @@ def _test_database_url() -> str:
     return urlunsplit(parts._replace(path="/" + settings.DATABASES["default"]["NAME"]))
 
 
-def _claim_redis_database() -> tuple[redis.Redis, str]:
+def _claim_redis_database(base_url: str) -> tuple[redis.Redis, str]:
     """A Redis database no other test session is using (two sessions sharing one would
     consume each other's tasks), held with an expiring lock key."""
-    base = urlsplit(BROKER_URL)
+    base = urlsplit(base_url)
     first = int(base.path.strip("/") or 0)
     token = f"{os.getpid()}-{time.time()}"
     for number in range(first, 16):
@@ -137,7 +136,7 @@ def _claim_redis_database() -> tuple[redis.Redis, str]:
         if client.set(LOCK_KEY, token, nx=True, ex=900):
             return client, url
         client.close()
-    raise AssertionError(f"every Redis database from {BROKER_URL} on is in use by other tests")
+    raise AssertionError(f"every Redis database from {base_url} on is in use by other tests")
 
 
 def _reset_connections() -> None:
@@ -149,9 +148,9 @@ def _reset_connections() -> None:
 
 
 @pytest.fixture
-def broker() -> Iterator[str]:
+def broker(test_redis_url: str) -> Iterator[str]:
     """An empty Redis database, and this process's Celery app sending to it."""
-    client, url = _claim_redis_database()
+    client, url = _claim_redis_database(test_redis_url)
     for key in client.keys("*"):
         if key != LOCK_KEY.encode():
             client.delete(key)

@@ -41,7 +41,6 @@ from keystone_web.celery import app as celery_app
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WORKER = "lifecycle-test:1"
-BROKER_URL = os.environ.get("KEYSTONE_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
 LOCK_KEY = "keystone-tests:in-use"  # the same lock as tests/evaluations/test_celery_workers.py
 
 
@@ -69,10 +68,10 @@ def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
 
 
 @pytest.fixture
-def broker_queue() -> Iterator[redis.Redis]:
+def broker_queue(test_redis_url: str) -> Iterator[redis.Redis]:
     """An empty Redis database of this test's own, with this process's Celery app sending
     to it; yields the client to count the messages in the default queue."""
-    base = urlsplit(BROKER_URL)
+    base = urlsplit(test_redis_url)
     token = f"{os.getpid()}-{time.time()}"
     client = url = None
     for number in range(int(base.path.strip("/") or 0), 16):
