@@ -8,6 +8,8 @@ import os
 import threading
 
 from django.db import close_old_connections, connections
+from django.db.models import Q
+from django.utils import timezone
 
 from evaluations import services
 from evaluations.models import Execution, ExecutionStatus, Run, RunStatus
@@ -15,8 +17,11 @@ from evaluations.models import Execution, ExecutionStatus, Run, RunStatus
 logger = logging.getLogger(__name__)
 
 
-def work_once(worker: str) -> bool:
-    """Plan one queued run or execute one pending execution. False when there was nothing."""
+def work_once(worker: str, *, after_run: int = 0) -> int | None:
+    """Plan one queued run or execute one pending execution; the id of the run worked on,
+    or None when there was nothing. Executions are taken round-robin over runs (the first
+    run after `after_run` with one ready), so one slow or stuck run never holds the others;
+    an execution waiting out its retry backoff is not ready."""
     queued = (
         Run.objects.filter(status=RunStatus.QUEUED)
         .order_by("id")
@@ -26,31 +31,43 @@ def work_once(worker: str) -> bool:
     if queued is not None:
         services.run_plan(run_id=queued)
         services.run_finalize_if_done(run_id=queued)
-        return True
+        return queued
+    ready = Execution.objects.filter(
+        Q(retry_at__isnull=True) | Q(retry_at__lte=timezone.now()),
+        status=ExecutionStatus.PENDING,
+        run__status=RunStatus.RUNNING,
+    ).order_by("run_id", "id")
     pending = (
-        Execution.objects.filter(status=ExecutionStatus.PENDING, run__status=RunStatus.RUNNING)
-        .order_by("id")
-        .values_list("id", flat=True)
-        .first()
+        ready.filter(run_id__gt=after_run).values_list("id", "run_id").first()
+        or ready.values_list("id", "run_id").first()
     )
     if pending is not None:
-        services.execution_execute(execution_id=pending, worker=worker)
-        return True
+        execution_id, run_id = pending
+        try:
+            services.execution_execute(execution_id=execution_id, worker=worker)
+        except services.InfrastructureError:
+            logger.warning("execution %s could not start; it will be retried", execution_id)
+        return run_id
     expired = services.execution_requeue_expired(enqueue=False)
     for execution_id in expired:
         services.execution_execute(execution_id=execution_id, worker=worker)
-    return bool(expired)
+    if not expired:
+        return None
+    return Execution.objects.values_list("run_id", flat=True).get(pk=expired[-1])
 
 
 def poll_forever(stop: threading.Event, interval: float = 1.0) -> None:
     worker = f"embedded:{os.getpid()}"
+    last_run = 0
     while not stop.is_set():
         close_old_connections()
         try:
-            busy = work_once(worker)
+            served = work_once(worker, after_run=last_run)
         except Exception:  # keep serving: one bad run must not stop the worker
             logger.exception("embedded worker step failed")
-            busy = False
-        if not busy:
+            served = None
+        if served is None:
             stop.wait(interval)
+        else:
+            last_run = served
     connections.close_all()  # this thread's connections: nothing left open after a stop

@@ -360,6 +360,8 @@ class Execution(models.Model):
     # When a task for this execution was last sent to the broker; the requeue beat skips
     # pending executions sent recently instead of flooding the queue every tick.
     enqueued_at = models.DateTimeField(null=True, blank=True)
+    # After an attempt that could not start (a service or engine away): not before this.
+    retry_at = models.DateTimeField(null=True, blank=True)
     lease_expires = models.DateTimeField(null=True, blank=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)

@@ -267,6 +267,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
 # Both switches run arbitrary code on the server: off unless the operator opts in.
 KEYSTONE_ALLOW_PYTHON_HOOKS = env_bool("KEYSTONE_ALLOW_PYTHON_HOOKS", False)
 KEYSTONE_ALLOW_HOST_SCRIPTS = env_bool("KEYSTONE_ALLOW_HOST_SCRIPTS", False)
+# An execution that cannot start (a database service or the Docker engine away) is tried
+# this many times, waiting longer each time, then ends as `error` with the reason.
+KEYSTONE_EXECUTION_MAX_ATTEMPTS = env_int("KEYSTONE_EXECUTION_MAX_ATTEMPTS", 5)
+KEYSTONE_EXECUTION_RETRY_BASE_SECONDS = env_float("KEYSTONE_EXECUTION_RETRY_BASE_SECONDS", 2.0)
 # "" = auto: bubblewrap when it works, else local processes with a visible warning.
 KEYSTONE_SANDBOX_BACKEND = env_str("KEYSTONE_SANDBOX_BACKEND")
 if KEYSTONE_SANDBOX_BACKEND not in {"", "local", "bwrap", "docker"}:

@@ -57,11 +57,36 @@ def execution_claim(*, execution_id: int, worker: str) -> bool:
     )
 
 
-def execution_release(*, execution_id: int, worker: str) -> None:
-    """Give an execution back after an infrastructure error, so a retry can claim it."""
+def execution_release(*, execution_id: int, worker: str, reason: str) -> bool:
+    """Give an execution back after an infrastructure error so a later attempt can claim it,
+    not before a backoff that doubles with each attempt. After the last attempt it ends as
+    `error` with the reason (and the run says so) instead of being retried forever.
+    True when it was given back for another attempt."""
+    row = (
+        Execution.objects.filter(pk=execution_id, claimed_by=worker, status=ExecutionStatus.RUNNING)
+        .values("attempt", "run_id")
+        .first()
+    )
+    if row is None:
+        return False
+    attempt, limit = row["attempt"], settings.KEYSTONE_EXECUTION_MAX_ATTEMPTS
+    if attempt >= limit:
+        message = f"could not start after {attempt} attempts: {reason}"
+        execution_record_error(execution_id=execution_id, worker=worker, error=message)
+        run_warning_add(run_id=row["run_id"], warning=f"execution {execution_id} {message}")
+        return False
+    backoff = settings.KEYSTONE_EXECUTION_RETRY_BASE_SECONDS * 2 ** (attempt - 1)
     Execution.objects.filter(
         pk=execution_id, claimed_by=worker, status=ExecutionStatus.RUNNING
-    ).update(status=ExecutionStatus.PENDING, claimed_by="", lease_expires=None)
+    ).update(
+        status=ExecutionStatus.PENDING,
+        claimed_by="",
+        lease_expires=None,
+        attempt=F("attempt") + 1,
+        retry_at=timezone.now() + timedelta(seconds=backoff),
+        error=f"attempt {attempt} of {limit} could not start: {reason}"[:10000],
+    )
+    return True
 
 
 def harness_config(run: Run) -> Any:
@@ -127,8 +152,9 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
                 sandbox=sandbox,
             )
     except ServiceError as exc:
-        execution_release(execution_id=execution_id, worker=worker)
-        raise InfrastructureError(str(exc)) from exc
+        if execution_release(execution_id=execution_id, worker=worker, reason=str(exc)):
+            raise InfrastructureError(str(exc)) from exc
+        return True  # out of attempts: recorded as an error
     except Exception as exc:  # the platform failed, not the agent: record it, don't lose the run
         logger.exception("execution %s failed inside Keystone", execution_id)
         execution_record_error(

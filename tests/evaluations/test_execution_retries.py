@@ -1,0 +1,102 @@
+"""Issue 20, item 3 (and issue 19, never stuck): an execution that cannot start (here a
+`postgres` service with no server configured) is tried a bounded number of times, waiting
+longer each time, then ends as `error` with the reason on the execution and the run; and
+meanwhile the worker takes the executions of other runs instead of waiting behind it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from evaluations import services
+from evaluations.embedded_worker import work_once
+from evaluations.models import Execution, ExecutionStatus, Project, Run, RunStatus
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+NEEDS_POSTGRES = """\
+version: 1
+id: needs-postgres
+task: {prompt: "p"}
+agent: {type: command, command: "echo hi", timeout: 30}
+sandbox: {backend: local}
+services:
+  - {name: db, type: postgres, sql: "CREATE TABLE t (id int)"}
+invariants:
+  hi: {description: hi, check: {type: contains, value: hi}}
+"""
+
+QUICK = """\
+version: 1
+id: quick
+task: {prompts: ["a", "b", "c"]}
+agent: {type: command, command: "echo hi", timeout: 30}
+sandbox: {backend: local}
+invariants:
+  hi: {description: hi, check: {type: contains, value: hi}}
+"""
+
+
+def _start(project: Project, source: str) -> Run:
+    version = services.spec_version_create(project=project, source_yaml=source)
+    run = services.run_create(spec_version=version, enqueue=False)
+    services.run_plan(run_id=run.pk)
+    return run
+
+
+@pytest.fixture
+def no_postgres_server(settings: Any) -> None:
+    settings.KEYSTONE_POSTGRES_URL = ""
+    settings.KEYSTONE_EXECUTION_MAX_ATTEMPTS = 3
+    settings.KEYSTONE_EXECUTION_RETRY_BASE_SECONDS = 0
+
+
+def test_an_execution_that_cannot_start_ends_as_error_after_the_last_attempt(
+    project: Project, no_postgres_server: None
+) -> None:
+    run = _start(project, NEEDS_POSTGRES)
+    for _ in range(10):
+        if work_once("test-worker:1") is None:
+            break
+    execution = Execution.objects.get(run=run)
+    run.refresh_from_db()
+    assert execution.status == ExecutionStatus.ERROR
+    assert execution.attempt == 3
+    assert execution.error.startswith("could not start after 3 attempts:")
+    assert "postgres" in execution.error.lower()
+    assert run.status == RunStatus.COMPLETED
+    assert any("could not start after 3 attempts" in w for w in run.warnings)
+
+
+def test_each_failed_attempt_is_counted_with_its_reason_and_waits(
+    project: Project, no_postgres_server: None, settings: Any
+) -> None:
+    settings.KEYSTONE_EXECUTION_RETRY_BASE_SECONDS = 3600
+    run = _start(project, NEEDS_POSTGRES)
+    work_once("test-worker:1")
+    execution = Execution.objects.get(run=run)
+    assert (execution.status, execution.attempt) == (ExecutionStatus.PENDING, 2)
+    assert execution.error.startswith("attempt 1 of 3 could not start:")
+    assert execution.retry_at is not None
+    # Waiting out its backoff, it is not taken again: nothing else is ready.
+    assert work_once("test-worker:1") is None
+
+
+def test_other_runs_are_served_while_one_cannot_start(
+    project: Project, no_postgres_server: None, settings: Any
+) -> None:
+    settings.KEYSTONE_EXECUTION_RETRY_BASE_SECONDS = 3600
+    stuck = _start(project, NEEDS_POSTGRES)
+    quick = _start(project, QUICK)
+    served = []
+    last = 0
+    for _ in range(10):
+        run_id = work_once("test-worker:1", after_run=last)
+        if run_id is None:
+            break
+        served.append(run_id)
+        last = run_id
+    quick.refresh_from_db()
+    assert quick.status == RunStatus.COMPLETED  # all three executions ran
+    assert served.count(stuck.pk) == 1  # one attempt, then it waits its turn
