@@ -54,6 +54,9 @@ ERROR_CODES = frozenset(
         FailureCode.PROVIDER_ERROR,
     }
 )
+# How an execution's error starts when Keystone itself failed it (a crash in the platform,
+# the infrastructure away after every attempt), not the agent or its spec: exit code 4.
+INTERNAL_ERROR_PREFIX = "Keystone internal error: "
 # The check types whose results come from the LLM judge (source "judge", not "engine").
 JUDGE_CHECK_TYPES = frozenset({"llm_as_judge", "judge"})
 

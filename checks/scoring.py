@@ -32,7 +32,13 @@ from checks.report_model import (
     RunMetrics,
     RunSummary,
 )
-from checks.results import JUDGE_CHECK_TYPES, PROVIDER_CODES, CheckResult, FailureCode
+from checks.results import (
+    INTERNAL_ERROR_PREFIX,
+    JUDGE_CHECK_TYPES,
+    PROVIDER_CODES,
+    CheckResult,
+    FailureCode,
+)
 from checks.spec.model import SEVERITY_WEIGHTS, Scenario, Spec
 
 __all__ = [
@@ -558,9 +564,11 @@ def exit_code_for(gates: Sequence[GateResult], records: Sequence[ExecutionRecord
 
 
 def _internal_error(record: ExecutionRecord) -> bool:
+    # Keystone failed, not the agent: an agent that cannot be imported, a setup command or a
+    # reset that fails are the agent's errors (the execution fails, the gates decide).
     if any(r.failure_code == FailureCode.INTERNAL_ERROR for r in record.results):
         return True
-    return record.status == "error" and not any(r.is_error for r in record.results)
+    return record.status == "error" and (record.error or "").startswith(INTERNAL_ERROR_PREFIX)
 
 
 def _provider_error(record: ExecutionRecord) -> bool:

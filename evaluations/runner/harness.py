@@ -388,6 +388,13 @@ def _agent_env(
 def _run_setup(spec: Spec, sandbox: Sandbox, run_kwargs: dict[str, Any]) -> str | None:
     for command in spec.raw.get("setup") or []:
         result = sandbox.run(command, stdin=None, **run_kwargs)
-        if result.timed_out or result.exit_code != 0:
-            return f"setup command {command!r} failed (exit {result.exit_code}): {result.stderr[-2000:]}"
+        if result.error is not None:  # the sandbox itself failed (a container that cannot start)
+            return f"setup command {command!r} could not run: {result.error}"
+        if result.timed_out:
+            return f"setup command {command!r} timed out after {result.duration_ms / 1000:.1f}s"
+        if result.exit_code != 0:
+            said = (result.stderr or result.stdout)[-2000:].strip()
+            return f"setup command {command!r} exited with code {result.exit_code}" + (
+                f": {said}" if said else ""
+            )
     return None

@@ -18,6 +18,7 @@ from checks.planning import (
     PlannedExecution,
     execution_seed,
 )
+from checks.results import INTERNAL_ERROR_PREFIX
 from evaluations import queue
 from evaluations.models import (
     Execution,
@@ -71,7 +72,7 @@ def execution_release(*, execution_id: int, worker: str, reason: str) -> bool:
         return False
     attempt, limit = row["attempt"], settings.KEYSTONE_EXECUTION_MAX_ATTEMPTS
     if attempt >= limit:
-        message = f"could not start after {attempt} attempts: {reason}"
+        message = f"{INTERNAL_ERROR_PREFIX}could not start after {attempt} attempts: {reason}"
         execution_record_error(execution_id=execution_id, worker=worker, error=message)
         run_warning_add(run_id=row["run_id"], warning=f"execution {execution_id} {message}")
         return False
@@ -158,7 +159,9 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
     except Exception as exc:  # the platform failed, not the agent: record it, don't lose the run
         logger.exception("execution %s failed inside Keystone", execution_id)
         execution_record_error(
-            execution_id=execution_id, worker=worker, error=f"{type(exc).__name__}: {exc}"
+            execution_id=execution_id,
+            worker=worker,
+            error=f"{INTERNAL_ERROR_PREFIX}{type(exc).__name__}: {exc}",
         )
         return True
     finally:

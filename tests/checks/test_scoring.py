@@ -698,7 +698,7 @@ def test_provider_errors_exit_three() -> None:
 
 
 def test_internal_errors_exit_four_and_win_over_provider_errors() -> None:
-    crashed = record(status="error", error="harness crashed")
+    crashed = record(status="error", error="Keystone internal error: RuntimeError: harness crashed")
     assert exit_code_for(_passing_gate(), [crashed]) == 4
     engine_bug = record(results=[result("a", False, code=FailureCode.INTERNAL_ERROR)])
     assert exit_code_for(_passing_gate(), [engine_bug, record(status="provider_error")]) == 4
@@ -877,3 +877,14 @@ def test_a_forbidden_violation_is_named() -> None:
 def test_an_errored_execution_says_what_went_wrong() -> None:
     broken = record(results=[], status="error", error="agent command exited with code 2\nmore")
     assert score_execution(broken).reason == "execution error: agent command exited with code 2"
+
+
+def test_an_agent_that_cannot_be_imported_is_the_agents_error_not_exit_four() -> None:
+    # issue 12, item 9: it fails its gates (exit 1) with the ModuleNotFoundError as the reason.
+    unimportable = record(
+        status="error",
+        error="python agent callable raised ModuleNotFoundError: No module named 'myagent'",
+    )
+    summary = score_run(make_spec(), [unimportable])
+    assert summary.exit_code == 1
+    assert "ModuleNotFoundError" in summary.executions[0].reason

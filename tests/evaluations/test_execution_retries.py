@@ -63,7 +63,8 @@ def test_an_execution_that_cannot_start_ends_as_error_after_the_last_attempt(
     run.refresh_from_db()
     assert execution.status == ExecutionStatus.ERROR
     assert execution.attempt == 3
-    assert execution.error.startswith("could not start after 3 attempts:")
+    assert execution.error.startswith("Keystone internal error: could not start after 3 attempts:")
+    assert run.exit_code == 4  # the platform's environment failed, not the agent
     assert "postgres" in execution.error.lower()
     assert run.status == RunStatus.COMPLETED
     assert any("could not start after 3 attempts" in w for w in run.warnings)

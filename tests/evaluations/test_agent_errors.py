@@ -1,0 +1,55 @@
+"""Issue 12, item 9: an agent that cannot be imported, or whose setup fails, is the agent's
+error (status `error`, the reason in words, exit code 1), not Keystone's internal error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evaluations.models import ExecutionStatus, Project
+from tests.evaluations.execution_helpers import run_spec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_an_unimportable_python_agent_is_the_agents_error_with_exit_1(
+    project: Project, tmp_path: Path
+) -> None:
+    source = """\
+version: 1
+id: broken-import
+task: {prompt: "p"}
+agent: {type: python, callable: "no_such_module:run", timeout: 30}
+sandbox: {backend: local}
+invariants:
+  answers: {description: d, check: {type: output_not_empty}}
+"""
+    run = run_spec(project, source, spec_dir=tmp_path)
+    execution = run.executions.get()
+    assert execution.status == ExecutionStatus.ERROR
+    assert "ModuleNotFoundError" in execution.error
+    assert run.exit_code == 1
+    assert "ModuleNotFoundError" in run.summary["why_failed"][0]["reason"]
+
+
+def test_a_failing_setup_command_names_its_exit_code_and_output(
+    project: Project, tmp_path: Path
+) -> None:
+    source = """\
+version: 1
+id: broken-setup
+task: {prompt: "p"}
+agent: {type: command, command: "echo hi", timeout: 30}
+sandbox: {backend: local}
+setup: ["echo cannot install >&2; exit 3"]
+invariants:
+  answers: {description: d, check: {type: output_not_empty}}
+"""
+    run = run_spec(project, source, spec_dir=tmp_path)
+    execution = run.executions.get()
+    assert execution.status == ExecutionStatus.ERROR
+    assert execution.error == (
+        "setup command 'echo cannot install >&2; exit 3' exited with code 3: cannot install"
+    )
+    assert run.exit_code == 1
