@@ -48,6 +48,9 @@ def work_once(worker: str, *, after_run: int = 0) -> int | None:
         except services.InfrastructureError:
             logger.warning("execution %s could not start; it will be retried", execution_id)
         return run_id
+    # The same periodic jobs as Celery beat: runs whose finalising was lost, dead leases.
+    for run_id in services.run_sweep_stuck(enqueue=False):
+        services.run_finalize_if_done(run_id=run_id)
     expired = services.execution_requeue_expired(enqueue=False)
     for execution_id in expired:
         services.execution_execute(execution_id=execution_id, worker=worker)

@@ -13,19 +13,30 @@ start-up), so the services that enqueue never import the task module that calls 
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.db import transaction
+
+logger = logging.getLogger(__name__)
 
 RUN_PLAN = "evaluations.tasks.run_plan"
 EXECUTION_RUN = "evaluations.tasks.execution_run"
 RUN_FINALIZE = "evaluations.tasks.run_finalize"
-REQUEUE_EXPIRED = "evaluations.tasks.requeue_expired_executions"
 
 
 def _send(task_name: str, *args: int) -> None:
+    from kombu.exceptions import OperationalError
+
     from keystone_web.celery import app  # Celery is imported only when work is handed on
 
-    app.tasks[task_name].delay(*args)
+    try:
+        app.tasks[task_name].delay(*args)
+    except OperationalError as exc:
+        # The broker is away. The rows are committed; the periodic sweep sends the message
+        # again (services.run_sweep_stuck, execution_requeue_expired), so nothing is stuck
+        # and the request that made them does not fail.
+        logger.warning("could not send %s%s to the broker: %s", task_name, args, exc)
 
 
 def run_plan_later(run_id: int) -> None:

@@ -63,6 +63,7 @@ from evaluations.services.runs import (
     run_create,
     run_plan,
     run_rerun_failed,
+    run_sweep_stuck,
     run_warning_add,
 )
 from evaluations.services.specs import spec_version_create
@@ -113,6 +114,7 @@ __all__ = [
     "run_plan",
     "run_replay_export",
     "run_rerun_failed",
+    "run_sweep_stuck",
     "run_warning_add",
     "spec_version_create",
     "token_issue",

@@ -3,9 +3,12 @@ cancel, re-run the failed ones, and warnings shown on the run."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Max
 from django.utils import timezone
 
 from checks.planning import (
@@ -17,6 +20,7 @@ from checks.planning import (
 from checks.spec.model import Spec as EngineSpec
 from evaluations import queue
 from evaluations.models import (
+    RUN_TERMINAL_STATUSES,
     Execution,
     ExecutionStatus,
     Run,
@@ -217,9 +221,12 @@ def _execution_row(run: Run, planned: PlannedExecution) -> Execution:
 def run_cancel(*, run_id: int) -> None:
     """Stop a run: nothing pending starts, running sandboxes are stopped by their workers."""
     with transaction.atomic():
-        updated = Run.objects.filter(
-            pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.PLANNING, RunStatus.RUNNING]
-        ).update(status=RunStatus.CANCELLED, finished=timezone.now())
+        # Every state that has not ended: a run whose finalising message was lost too.
+        updated = (
+            Run.objects.filter(pk=run_id)
+            .exclude(status__in=RUN_TERMINAL_STATUSES)
+            .update(status=RunStatus.CANCELLED, finished=timezone.now())
+        )
         if updated:
             Execution.objects.filter(run_id=run_id, status=ExecutionStatus.PENDING).update(
                 status=ExecutionStatus.ERROR, error="cancelled", finished=timezone.now()
@@ -278,3 +285,29 @@ def run_secrets(run: Run) -> dict[str, str]:
         if key_env:
             names.append(key_env)
     return {name: os.environ[name] for name in names if name in os.environ}
+
+
+def run_sweep_stuck(*, enqueue: bool = True) -> list[int]:
+    """Runs whose message was lost get it again, so every state has a way out: a run still
+    `queued` a lease after it was created is planned, one whose executions are all done
+    but that is still `running` or `finalizing` a lease after its last execution ended is
+    finalised. Planning and finalising are idempotent, so a message that was only slow does
+    no harm. The embedded worker passes enqueue=False and finalises the returned runs itself;
+    it plans queued runs on its own. Returns the ids of the runs to finalise."""
+    stale = timezone.now() - timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
+    if enqueue:
+        for run_id in Run.objects.filter(status=RunStatus.QUEUED, created__lt=stale).values_list(
+            "id", flat=True
+        )[:100]:
+            queue.run_plan_later(run_id)
+    done = Run.objects.filter(
+        status__in=[RunStatus.RUNNING, RunStatus.FINALIZING],
+        executions_done__gte=F("execution_count"),
+    ).annotate(last_finished=Max("executions__finished"))
+    to_finalize = [
+        run.pk for run in done[:100] if run.last_finished is None or run.last_finished < stale
+    ]
+    if enqueue:
+        for run_id in to_finalize:
+            queue.run_finalize_later(run_id)
+    return to_finalize
