@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--seed", type=int, default=0, help="seed for faults and mutations")
     run.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="on the workers: cancel the run and exit 4 when it has not ended by then "
+        "(default: every execution's sandbox timeout in a row, plus 5 minutes)",
+    )
+    run.add_argument(
         "--no-judge-cache",
         action="store_true",
         help="ask the judge again instead of reusing cached verdicts (nothing is cached either)",

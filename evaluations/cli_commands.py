@@ -123,8 +123,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     if settings.CELERY_TASK_ALWAYS_EAGER:
         _run_in_process(run.pk, progress)
     else:
-        _run_on_workers(run.pk, progress)
+        timeout = args.timeout or _default_timeout(run.pk)
+        if not _run_on_workers(run.pk, progress, deadline=time.monotonic() + timeout):
+            services.run_cancel(run_id=run.pk)
+            print(
+                f"keystone run: run {run.pk} did not finish within {timeout:g} s; it was "
+                "cancelled (--timeout sets the limit)",
+                file=sys.stderr,
+            )
+            return EXIT_INTERNAL_ERROR
     return _report(run.pk, args)
+
+
+def _default_timeout(run_id: int) -> float:
+    """A bound no healthy run reaches: every execution one after the other, each taking its
+    whole sandbox timeout, plus time for planning and finalising."""
+    from evaluations.models import Run
+    from evaluations.services import engine_spec
+
+    run = Run.objects.select_related("spec_version").get(pk=run_id)
+    spec = engine_spec(run)
+    per_execution = float((spec.raw.get("sandbox") or {}).get("resources", {}).get("timeout", 600))
+    return per_execution * max(1, run.execution_count or len(spec.prompts)) + 300.0
 
 
 def _run_in_process(run_id: int, progress: Progress) -> None:
@@ -143,22 +163,35 @@ def _run_in_process(run_id: int, progress: Progress) -> None:
     progress.finish()
 
 
-def _run_on_workers(run_id: int, progress: Progress) -> None:
-    from evaluations import tasks
-    from evaluations.models import RunStatus
+def _run_on_workers(run_id: int, progress: Progress, *, deadline: float) -> bool:
+    """Hand the run to the workers and follow it until it ends (True) or the deadline passes
+    (False). The database going away for a while (a restart) is waited out, not fatal: the
+    run goes on on the workers meanwhile."""
+    from django.db import DatabaseError, close_old_connections
+
+    from evaluations import queue
+    from evaluations.models import RUN_TERMINAL_STATUSES
     from evaluations.selectors import run_progress
 
-    tasks.run_plan.delay(run_id)
+    queue.run_plan_later(run_id)
     last = -1
-    while True:
-        status, done, total = run_progress(run_id)
+    while time.monotonic() < deadline:
+        try:
+            status, done, total = run_progress(run_id)
+        except DatabaseError as exc:
+            print(f"keystone run: database unavailable ({exc}); waiting", file=sys.stderr)
+            close_old_connections()
+            time.sleep(2.0)
+            continue
         if done != last:
             progress.step(done, total, None)
             last = done
-        if status in (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.FAILED):
-            break
+        if status in RUN_TERMINAL_STATUSES:
+            progress.finish()
+            return True
         time.sleep(0.5)
     progress.finish()
+    return False
 
 
 def _report(run_id: int, args: argparse.Namespace) -> int:
