@@ -178,7 +178,15 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
             lease_expires=None,
         )
         return True
-    execution_record(execution_id=execution_id, worker=worker, outcome=outcome, spec=spec)
+    try:
+        execution_record(execution_id=execution_id, worker=worker, outcome=outcome, spec=spec)
+    except OSError as exc:  # a full disk: the execution ends now, not when its lease expires
+        logger.exception("results of execution %s could not be stored", execution_id)
+        execution_record_error(
+            execution_id=execution_id,
+            worker=worker,
+            error=f"{INTERNAL_ERROR_PREFIX}the results could not be stored: {exc}",
+        )
     return True
 
 

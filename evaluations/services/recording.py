@@ -3,11 +3,13 @@ artifacts; the last execution of a run hands the run to finalisation."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 from django.conf import settings
 from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -25,6 +27,7 @@ from evaluations.models import (
     ExecutionStatus,
     Run,
     RunStatus,
+    artifact_upload_to,
     sha256_hex,
 )
 from evaluations.services.runs import run_warning_add
@@ -138,7 +141,11 @@ _EMPTY_TRACE = '{"llm_calls": [], "tool_calls": []}'
 
 
 def _store_artifacts(execution: Execution, artifact: Any) -> None:
-    """Large blobs go to Django storage; the rows keep only their names, sizes and hashes."""
+    """Large blobs go to Django storage; the rows keep only their names, sizes and hashes.
+    Every file is written before any row, and a failure (a full disk) deletes the files this
+    call wrote before it raises: nothing is left half-stored, no file without its row."""
+    # stdout and stderr are stored once, in their own files, not again in artifact.json.
+    summary = {k: v for k, v in artifact.to_dict().items() if k not in ("stdout", "stderr")}
     blobs: dict[str, tuple[str, str]] = {
         ArtifactKind.STDOUT: ("stdout.txt", artifact.stdout),
         ArtifactKind.STDERR: ("stderr.txt", artifact.stderr),
@@ -149,21 +156,32 @@ def _store_artifacts(execution: Execution, artifact: Any) -> None:
         ArtifactKind.WORKSPACE_DIFF: ("workspace_diff.json", _json(artifact.workspace_diff)),
         ArtifactKind.HTTP_LOG: ("http_log.json", _json(artifact.http_calls)),
         ArtifactKind.DB_WRITES: ("db_writes.json", _json(artifact.db_writes)),
-        ArtifactKind.ARTIFACT_JSON: ("artifact.json", _json(artifact.to_dict())),
+        ArtifactKind.ARTIFACT_JSON: ("artifact.json", _json(summary)),
     }
-    for kind, (name, text) in blobs.items():
-        if not text or text in ("[]", "{}", _EMPTY_TRACE):
-            continue
-        data = text.encode()
-        row = Artifact(
-            execution=execution, kind=kind, name=name, size=len(data), sha256=sha256_hex(data)
-        )
-        row.truncated = "truncated" in text[-200:] and kind in (
-            ArtifactKind.STDOUT,
-            ArtifactKind.STDERR,
-        )
-        row.file.save(name, ContentFile(data), save=False)
-        row.save()
+    rows: list[Artifact] = []
+    written: list[str] = []
+    try:
+        for kind, (name, text) in blobs.items():
+            if not text or text in ("[]", "{}", _EMPTY_TRACE):
+                continue
+            data = text.encode()
+            row = Artifact(
+                execution=execution, kind=kind, name=name, size=len(data), sha256=sha256_hex(data)
+            )
+            row.truncated = "truncated" in text[-200:] and kind in (
+                ArtifactKind.STDOUT,
+                ArtifactKind.STDERR,
+            )
+            path = default_storage.get_available_name(artifact_upload_to(row, name))
+            written.append(path)  # before the write: a partly written file is removed too
+            row.file.name = default_storage.save(path, ContentFile(data))
+            rows.append(row)
+    except BaseException:
+        for path in written:
+            with contextlib.suppress(OSError):
+                default_storage.delete(path)
+        raise
+    Artifact.objects.bulk_create(rows)
 
 
 def _json(value: Any) -> str:
