@@ -23,7 +23,7 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.security import HttpBearer, django_auth
 
 from checks import reporters
-from evaluations import selectors, services
+from evaluations import policy, selectors, services
 from evaluations.models import (
     ROLE_RANK,
     ApiToken,
@@ -196,6 +196,8 @@ def run_start(
             scenarios=payload.scenarios or None,
             created_by=caller.user,
         )
+    except policy.PolicyError as exc:  # more executions than this server allows
+        raise ApiInputError("replicas", str(exc)) from None
     except ValueError as exc:  # an unknown scenario name
         raise ApiInputError("scenarios", str(exc)) from None
     out = RunCreatedOut(

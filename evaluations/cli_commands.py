@@ -97,12 +97,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from evaluations.models import Trigger
 
     project = services.project_default()
-    version = services.spec_version_create(
-        project=project,
-        source_yaml=spec_path.read_text(encoding="utf-8"),
-        source_name=str(spec_path),
-        base_dir=str(spec_path.resolve().parent),
-    )
+    try:
+        version = services.spec_version_create(
+            project=project,
+            source_yaml=spec_path.read_text(encoding="utf-8"),
+            source_name=str(spec_path),
+            base_dir=str(spec_path.resolve().parent),
+        )
+    except SpecValidationError as exc:  # valid, but more than this server's policy allows
+        for error in exc.errors:
+            print(f"{spec_path}: {error}", file=sys.stderr)
+        print(f"{spec_path}: refused; nothing was run", file=sys.stderr)
+        return EXIT_SPEC_INVALID
     try:
         run = services.run_create(
             spec_version=version,

@@ -273,6 +273,27 @@ KEYSTONE_EXECUTION_MAX_ATTEMPTS = env_int("KEYSTONE_EXECUTION_MAX_ATTEMPTS", 5)
 KEYSTONE_EXECUTION_RETRY_BASE_SECONDS = env_float("KEYSTONE_EXECUTION_RETRY_BASE_SECONDS", 2.0)
 # "" = auto: bubblewrap when it works, else local processes with a visible warning.
 KEYSTONE_SANDBOX_BACKEND = env_str("KEYSTONE_SANDBOX_BACKEND")
+# The operator's policy (evaluations/policy.py): what a spec may ask of this server.
+# Weakest sandbox backend a spec may use or get: local, bwrap or docker; empty = bwrap where
+# bubblewrap works on this host, else local (with the usual warning on every run).
+KEYSTONE_POLICY_MIN_BACKEND = env_str("KEYSTONE_POLICY_MIN_BACKEND")
+if KEYSTONE_POLICY_MIN_BACKEND not in {"", "local", "bwrap", "docker"}:
+    raise ImproperlyConfigured(
+        f"KEYSTONE_POLICY_MIN_BACKEND={KEYSTONE_POLICY_MIN_BACKEND!r}: use local, bwrap, docker or empty"
+    )
+# Comma-separated names a spec may list under `secrets`; unset = any name that is not one of
+# the server's own settings (those are never passed, whatever this says).
+_allowed_secrets = os.environ.get("KEYSTONE_POLICY_ALLOWED_SECRETS")
+KEYSTONE_POLICY_ALLOWED_SECRETS: list[str] | None = (
+    None
+    if _allowed_secrets is None
+    else [n.strip() for n in _allowed_secrets.split(",") if n.strip()]
+)
+KEYSTONE_POLICY_MAX_TIMEOUT = env_float("KEYSTONE_POLICY_MAX_TIMEOUT", 3600.0)
+KEYSTONE_POLICY_MAX_OUTPUT_BYTES = env_int("KEYSTONE_POLICY_MAX_OUTPUT_BYTES", 64 * 1024 * 1024)
+KEYSTONE_POLICY_MAX_MEMORY_MB = env_int("KEYSTONE_POLICY_MAX_MEMORY_MB", 8192)
+KEYSTONE_POLICY_MAX_CPUS = env_float("KEYSTONE_POLICY_MAX_CPUS", 8.0)
+KEYSTONE_POLICY_MAX_EXECUTIONS = env_int("KEYSTONE_POLICY_MAX_EXECUTIONS", 10_000)
 if KEYSTONE_SANDBOX_BACKEND not in {"", "local", "bwrap", "docker"}:
     raise ImproperlyConfigured(
         f"KEYSTONE_SANDBOX_BACKEND={KEYSTONE_SANDBOX_BACKEND!r}: use local, bwrap, docker or empty"

@@ -18,6 +18,18 @@ from typing import Any
 
 import pytest
 
+# The tests are this server's operator: many of their specs run the agent as a plain local
+# process, which the default policy refuses where bubblewrap works (evaluations/policy.py).
+# The environment is for the `keystone` subprocesses; the settings already read it.
+os.environ.setdefault("KEYSTONE_POLICY_MIN_BACKEND", "local")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from django.conf import settings as django_settings
+
+    if django_settings.configured:
+        django_settings.KEYSTONE_POLICY_MIN_BACKEND = os.environ["KEYSTONE_POLICY_MIN_BACKEND"]
+
 
 @pytest.fixture(autouse=True)
 def _artifacts_in_tmp(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:

@@ -19,7 +19,7 @@ from checks.planning import (
     execution_seed,
 )
 from checks.results import INTERNAL_ERROR_PREFIX
-from evaluations import queue
+from evaluations import policy, queue
 from evaluations.models import (
     Execution,
     ExecutionStatus,
@@ -131,6 +131,19 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
     config = harness_config(run)
     preferred = (spec.raw.get("sandbox") or {}).get("backend") or config.sandbox_backend
     sandbox, warning = select_backend(preferred)
+    # The policy again, as it is now (it may have tightened since the upload), and against
+    # the backend this host really gives (the default may have fallen back to local).
+    refused = [f"{path}: {why}" for path, why in policy.spec_refusals(run.spec_version.parsed)]
+    try:
+        policy.check_backend(sandbox.name)
+    except policy.PolicyError as exc:
+        refused.append(str(exc))
+    if refused:
+        message = "refused by the server's policy: " + "; ".join(refused)
+        execution_record_error(execution_id=execution_id, worker=worker, error=message)
+        if message not in run.warnings:
+            run_warning_add(run_id=run.pk, warning=message)
+        return True
     if warning and warning not in run.warnings:
         run_warning_add(run_id=run.pk, warning=warning)
     planned = PlannedExecution(**execution.plan)

@@ -18,7 +18,7 @@ from checks.planning import (
     validate_selection,
 )
 from checks.spec.model import Spec as EngineSpec
-from evaluations import queue
+from evaluations import policy, queue
 from evaluations.models import (
     RUN_TERMINAL_STATUSES,
     Execution,
@@ -70,6 +70,14 @@ def run_create(
         options["judge_cache"] = False
     if only is not None:
         options["only"] = _checked_selection(spec_version, only, replicas, scenarios)
+    else:
+        # The plan's size is refused when the run is asked for, not after it was queued.
+        matrix = plan_run(
+            EngineSpec.from_dict(spec_version.parsed),
+            replicas=replicas,
+            scenarios=scenarios or None,
+        )
+        policy.check_plan_size(len(matrix))
     run = Run.objects.create(
         project=spec_version.spec.project,
         spec=spec_version.spec,
@@ -133,6 +141,14 @@ def run_plan(*, run_id: int) -> list[int]:
                 replay_sessions=sessions,
             )
             planned = select_planned(planned, run.options.get("only"))
+            try:
+                policy.check_plan_size(len(planned))
+            except policy.PolicyError as exc:  # mutants and replays counted: known only now
+                run.status = RunStatus.FAILED
+                run.finished = timezone.now()
+                run.warnings = [*run.warnings, str(exc)]
+                run.save(update_fields=["status", "finished", "warnings"])
+                return []
             rows = [_execution_row(run, p) for p in planned]
             Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
             run.execution_count = run.executions.count()

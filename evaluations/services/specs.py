@@ -6,7 +6,8 @@ from typing import Any
 
 from django.db import transaction
 
-from checks.spec import SpecValidationError, validate_spec_text
+from checks.spec import SpecError, SpecValidationError, validate_spec_text
+from evaluations import policy
 from evaluations.models import (
     Project,
     Spec,
@@ -28,6 +29,16 @@ def spec_version_create(
     data, errors = validate_spec_text(source_yaml, source=source_name)
     if errors or data is None:
         raise SpecValidationError(errors, source_name)
+    refused = policy.spec_refusals(data)
+    if refused:
+        # Valid, but more than this server allows: never stored, the setting named.
+        raise SpecValidationError(
+            [
+                SpecError(path, f"refused by the server's policy: {why}", None, None)
+                for path, why in refused
+            ],
+            source_name,
+        )
     content_hash = sha256_hex(source_yaml)
     with transaction.atomic():
         spec, _ = Spec.objects.get_or_create(

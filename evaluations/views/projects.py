@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
-from evaluations import charts, selectors, services
+from evaluations import charts, policy, selectors, services
 from evaluations.access import ProjectAccess, project_for, projects_of
 from evaluations.models import RUN_TERMINAL_STATUSES, Role
 from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
@@ -273,6 +273,8 @@ def _settings_context(
         "tokens": selectors.project_api_tokens(project),
         "memberships": selectors.project_members(project),
         "token_user_id": request.user.pk,
+        # The operator's policy: read-only here, it is set in the server's environment.
+        "server_policy": policy.current().rows(),
         **extra,
     }
 
