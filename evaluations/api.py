@@ -20,7 +20,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
-from ninja.security import HttpBearer, django_auth
+from ninja.security import HttpBearer, SessionAuth
 
 from checks import reporters
 from evaluations import policy, selectors, services
@@ -57,7 +57,17 @@ class ProjectTokenAuth(HttpBearer):
         return ApiToken.find_active(token)
 
 
-router = Router(tags=["evaluations"], auth=[ProjectTokenAuth(), django_auth])
+class BrowserSession(SessionAuth):
+    """The signed-in person (with Django's CSRF check), but never for a request that brings
+    a token: a revoked or unknown token is a 401, not a session that fails its CSRF check."""
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if request.headers.get("Authorization"):
+            return None
+        return super().__call__(request)
+
+
+router = Router(tags=["evaluations"], auth=[ProjectTokenAuth(), BrowserSession()])
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ Duplicate keys are reported instead of silently keeping the last one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -143,7 +144,13 @@ class _Builder:
         try:
             if constructor is None:
                 return self.loader.construct_object(node, deep=True)  # the usual unknown-tag error
-            return constructor(self.loader, node)
+            value = constructor(self.loader, node)
+            if isinstance(value, float) and not math.isfinite(value):
+                # .nan and .inf are YAML floats, but no weight, threshold or limit means them
+                # (and JSON, where specs are stored, has no such number).
+                self._problem(path, f"{node.value} is not a finite number", node.start_mark)
+                return None
+            return value
         except yaml.MarkedYAMLError as exc:
             self._problem(path, _yaml_error_text(exc), exc.problem_mark or node.start_mark)
         except Exception as exc:  # e.g. `!!int abc`: the tag's constructor rejects the text
