@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,22 +220,23 @@ class _CappedBuffer:
 
 # --------------------------------------------------------------------------- local processes
 
+PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"  # util-linux, on every Debian system
+
 
 def _limits(
     cpu_seconds: int | None, memory_mb: int | None, max_file_bytes: int | None
-) -> Callable[[], None]:
-    """A preexec function setting rlimits in the child (only `setrlimit`: safe after fork)."""
-
-    def apply() -> None:
-        if cpu_seconds is not None:
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-        if memory_mb is not None:
-            limit = memory_mb * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        if max_file_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
-
-    return apply
+) -> list[str]:
+    """util-linux's `prlimit` in front of the command: it sets the rlimits and execs it. No
+    preexec function in the worker, so Python can vfork instead of copying the whole worker
+    for every spawn (6.6 ms against 1 ms for a 110 MB worker)."""
+    limits = []
+    if cpu_seconds is not None:
+        limits.append(f"--cpu={cpu_seconds}:{cpu_seconds + 1}")
+    if memory_mb is not None:
+        limits.append(f"--as={memory_mb * 1024 * 1024}")
+    if max_file_bytes is not None:
+        limits.append(f"--fsize={max_file_bytes}")
+    return [PRLIMIT, *limits, "--"] if limits else []
 
 
 def _kill_group(pgid: int) -> None:
@@ -270,20 +271,19 @@ class _ProcessSandbox(Sandbox):
         # The environment goes to the process itself, never onto a command line (bwrap's
         # --setenv), where any process on the host could read secrets in /proc/PID/cmdline.
         env = self._environment(request.env, str(workspace))
-        preexec = _limits(
+        limits = _limits(
             _cpu_limit(request.timeout, request.cpus), request.memory_mb, request.max_file_bytes
         )
         started = time.perf_counter()
         try:
             process = subprocess.Popen(
-                argv,
+                limits + argv,
                 cwd=workspace,
                 env=env,
                 stdin=subprocess.PIPE if request.stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # own process group: the whole tree dies together
-                preexec_fn=preexec,
                 close_fds=True,
             )
         except OSError as exc:
