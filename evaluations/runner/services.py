@@ -32,7 +32,7 @@ from evaluations.runner.http_mock import HttpMockService, ServiceTypeError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ServiceError", "ServiceSet", "ServiceTypeError", "env_prefix"]
+__all__ = ["ServiceError", "ServiceNotConfigured", "ServiceSet", "ServiceTypeError", "env_prefix"]
 
 _SERVER_SETTING = {"postgres": "KEYSTONE_POSTGRES_URL", "mysql": "KEYSTONE_MYSQL_URL"}
 
@@ -44,6 +44,10 @@ class ServiceError(Exception):
         super().__init__(f"service '{service}': {message}")
         self.service = service
         self.message = message
+
+
+class ServiceNotConfigured(ServiceError):
+    """The spec needs a database server this Keystone has none of: no retry can help."""
 
 
 def env_prefix(service_name: str) -> str:
@@ -120,9 +124,10 @@ class ServiceSet:
             return SqliteService(name, seed, directory=self.sqlite_dir, database=database)
         server_url = self.server_urls[kind]
         if not server_url:
-            raise ServiceError(
+            raise ServiceNotConfigured(
                 name,
-                f"service '{name}' is {kind} but the server has no {_SERVER_SETTING[kind]} configured",
+                f"the spec needs a {kind} server and this Keystone has none: set "
+                f"{_SERVER_SETTING[kind]} to a server where it may create a database per execution",
             )
         if kind == "postgres":
             return PostgresService(name, seed, server_url=server_url, database=database)

@@ -121,7 +121,7 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
     from evaluations.judge import judge_for_run
     from evaluations.runner.harness import run_execution
     from evaluations.runner.sandbox import select_backend
-    from evaluations.runner.services import ServiceError
+    from evaluations.runner.services import ServiceError, ServiceNotConfigured
 
     if not execution_claim(execution_id=execution_id, worker=worker):
         return False
@@ -165,6 +165,11 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
                 baseline_output=_baseline_output(execution),
                 sandbox=sandbox,
             )
+    except ServiceNotConfigured as exc:  # not transient: said at once, never retried
+        execution_record_error(execution_id=execution_id, worker=worker, error=str(exc))
+        if str(exc) not in run.warnings:
+            run_warning_add(run_id=run.pk, warning=str(exc))
+        return True
     except ServiceError as exc:
         if execution_release(execution_id=execution_id, worker=worker, reason=str(exc)):
             raise InfrastructureError(str(exc)) from exc

@@ -1,10 +1,11 @@
 """Issue 20, item 3 (and issue 19, never stuck): an execution that cannot start (here a
-`postgres` service with no server configured) is tried a bounded number of times, waiting
+`postgres` service whose server does not answer) is tried a bounded number of times, waiting
 longer each time, then ends as `error` with the reason on the execution and the run; and
 meanwhile the worker takes the executions of other runs instead of waiting behind it."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -47,7 +48,11 @@ def _start(project: Project, source: str) -> Run:
 
 @pytest.fixture
 def no_postgres_server(settings: Any) -> None:
-    settings.KEYSTONE_POSTGRES_URL = ""
+    # Configured, but nothing answers there: a server away, which a later attempt may find.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings.KEYSTONE_POSTGRES_URL = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     settings.KEYSTONE_EXECUTION_MAX_ATTEMPTS = 3
     settings.KEYSTONE_EXECUTION_RETRY_BASE_SECONDS = 0
 
@@ -101,3 +106,16 @@ def test_other_runs_are_served_while_one_cannot_start(
     quick.refresh_from_db()
     assert quick.status == RunStatus.COMPLETED  # all three executions ran
     assert served.count(stuck.pk) == 1  # one attempt, then it waits its turn
+
+
+def test_a_database_server_this_keystone_has_none_of_is_said_at_once_not_retried(
+    project: Project, settings: Any
+) -> None:
+    settings.KEYSTONE_POSTGRES_URL = ""
+    run = _start(project, NEEDS_POSTGRES)
+    work_once("test-worker:1")
+    execution = Execution.objects.get(run=run)
+    run.refresh_from_db()
+    assert (execution.status, execution.attempt) == (ExecutionStatus.ERROR, 1)
+    assert "set KEYSTONE_POSTGRES_URL" in execution.error
+    assert run.status == RunStatus.COMPLETED and run.exit_code == 1

@@ -223,7 +223,8 @@ def test_postgres_without_a_configured_server_is_a_clear_service_error(tmp_path:
     with pytest.raises(ServiceError) as caught, services:
         pass
     assert caught.value.message == (
-        "service 'db' is postgres but the server has no KEYSTONE_POSTGRES_URL configured"
+        "the spec needs a postgres server and this Keystone has none: set "
+        "KEYSTONE_POSTGRES_URL to a server where it may create a database per execution"
     )
 
 

@@ -121,7 +121,7 @@ def test_mysql_without_a_configured_server_is_a_clear_service_error(tmp_path: Pa
     )
     with pytest.raises(ServiceError) as caught, services:
         pass
-    assert "no KEYSTONE_MYSQL_URL configured" in caught.value.message
+    assert "set KEYSTONE_MYSQL_URL" in caught.value.message
 
 
 def test_unreachable_server_is_a_service_error_and_stops_the_mock_already_started(
