@@ -112,11 +112,14 @@ def execution_composite(results: Sequence[CheckResult], *, forbidden_violations:
     if not results:
         return 1.0
     scores = [_clamp(r.score) for r in results]
-    total_weight = sum(r.weight for r in results)
-    if total_weight <= 0:
+    top = max(r.weight for r in results)
+    if top <= 0:
         # All weights zero: nothing says one invariant matters more, so take the plain mean.
         return _clamp(sum(scores) / len(scores))
-    return _clamp(sum(r.weight * s for r, s in zip(results, scores, strict=True)) / total_weight)
+    # Relative to the largest weight: only the ratios matter, and a tiny weight (5e-324)
+    # cannot underflow the sum to 0.
+    weights = [r.weight / top for r in results]
+    return _clamp(sum(w * s for w, s in zip(weights, scores, strict=True)) / sum(weights))
 
 
 def execution_verdict(composite: float, pass_threshold: float | None) -> bool:
@@ -135,6 +138,8 @@ def score_execution(
     if record.forbidden_violations and FailureCode.FORBIDDEN_VIOLATION.value not in codes:
         codes.append(FailureCode.FORBIDDEN_VIOLATION.value)
     errored = _execution_errored(record)
+    if errored:
+        composite = 0.0  # no verdict: an aggregate over it must not look like a pass
     reason = failure_reason(record, composite, pass_threshold)
     passed = not errored and not reason
     status = "error" if errored else ("pass" if passed else "fail")
@@ -490,7 +495,7 @@ def evaluate_gates(
             "total cost (USD)",
         ),
         "latency_max_ms": (
-            percentile([r.duration_ms for r in records], 95),
+            percentile(_durations(records), 95),
             "p95 execution latency (ms)",
         ),
         "judge_human_kappa_min": (kappa, "judge-human agreement (Cohen's kappa)"),
@@ -604,11 +609,12 @@ def run_metrics(
     tool_calls = sum(r.tool_calls for r in records)
     tool_errors = sum(r.tool_errors for r in records)
     total_cost = sum(r.cost_usd for r in records)
+    durations = _durations(records)
     return RunMetrics(
         executions=len(records),
         pass_rate=_pass_rate([g for g in groups if g.pillar in MATRIX_PILLARS]),
-        mean_duration_ms=_mean([r.duration_ms for r in records]),
-        p95_duration_ms=percentile([r.duration_ms for r in records], 95),
+        mean_duration_ms=_mean(durations),
+        p95_duration_ms=percentile(durations, 95),
         mean_tool_calls=_mean([float(r.tool_calls) for r in records]),
         mean_tokens=_mean([float(r.total_tokens) for r in records]),
         total_cost_usd=total_cost,
@@ -616,6 +622,12 @@ def run_metrics(
         tool_success_rate=(tool_calls - tool_errors) / tool_calls if tool_calls else None,
         judge_mean=judge_mean(records),
     )
+
+
+def _durations(records: Sequence[ExecutionRecord]) -> list[float]:
+    # An execution that errored before its agent ran took no time worth measuring: counted
+    # as 0 ms, a run whose executions all errored would show a p95 of 0 ms.
+    return [r.duration_ms for r in records if not (_execution_errored(r) and r.duration_ms <= 0)]
 
 
 # ---------------------------------------------------------------- the run

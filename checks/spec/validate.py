@@ -71,7 +71,12 @@ def _validate(
         return None, _sorted(errors)
     problems: list[Problem] = list(schema_problems(data))
     problems.extend(semantic_problems(data, spec_dir))
-    errors.extend(_positioned(problem, loaded) for problem in problems)
+    # A value the loader already refused (`.nan`) was built as null: one error for it, not
+    # a second one about the null.
+    refused = {tuple(p.path) for p in loaded.problems}
+    errors.extend(
+        _positioned(problem, loaded) for problem in problems if tuple(problem.path) not in refused
+    )
     return data, _sorted(errors)
 
 

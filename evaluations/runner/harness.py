@@ -86,8 +86,7 @@ def run_execution(
     scenario = scenario_named(spec, planned.scenario)
     warnings: list[str] = []
     if sandbox is None:
-        preferred = (spec.raw.get("sandbox") or {}).get("backend") or config.sandbox_backend
-        sandbox, warning = select_backend(preferred)
+        sandbox, warning = choose_sandbox(spec, config.sandbox_backend)
         if warning:
             warnings.append(warning)
     sandbox_conf = spec.raw.get("sandbox") or {}
@@ -284,6 +283,13 @@ def _agent_context(planned: PlannedExecution, scenario: Scenario) -> dict[str, A
     if planned.replay_session is not None:
         context["session_context"] = planned.replay_session.get("context")
     return context
+
+
+def choose_sandbox(spec: Spec, default_backend: str | None) -> tuple[Sandbox, str | None]:
+    """The sandbox the spec asks for (or the server's default), in its `sandbox.image` when
+    it is docker, and a warning for the run when it had to fall back."""
+    conf = spec.raw.get("sandbox") or {}
+    return select_backend(conf.get("backend") or default_backend, docker_image=conf.get("image"))
 
 
 def _agent_label(agent: dict[str, Any]) -> str:

@@ -119,8 +119,7 @@ def harness_config(run: Run) -> Any:
 def execution_execute(*, execution_id: int, worker: str) -> bool:
     """Claim, run and record one execution. False when another worker has it or it is done."""
     from evaluations.judge import judge_for_run
-    from evaluations.runner.harness import run_execution
-    from evaluations.runner.sandbox import select_backend
+    from evaluations.runner.harness import choose_sandbox, run_execution
     from evaluations.runner.services import ServiceError, ServiceNotConfigured
 
     if not execution_claim(execution_id=execution_id, worker=worker):
@@ -129,8 +128,7 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
     run = execution.run
     spec = engine_spec(run)
     config = harness_config(run)
-    preferred = (spec.raw.get("sandbox") or {}).get("backend") or config.sandbox_backend
-    sandbox, warning = select_backend(preferred)
+    sandbox, warning = choose_sandbox(spec, config.sandbox_backend)
     # The policy again, as it is now (it may have tightened since the upload), and against
     # the backend this host really gives (the default may have fallen back to local).
     refused = [f"{path}: {why}" for path, why in policy.spec_refusals(run.spec_version.parsed)]

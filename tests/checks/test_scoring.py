@@ -888,3 +888,15 @@ def test_an_agent_that_cannot_be_imported_is_the_agents_error_not_exit_four() ->
     summary = score_run(make_spec(), [unimportable])
     assert summary.exit_code == 1
     assert "ModuleNotFoundError" in summary.executions[0].reason
+
+
+def test_a_run_whose_executions_all_errored_does_not_look_like_a_pass() -> None:
+    # issue 12, item 10: it showed composite 1.000 and p95 0 ms.
+    records = [
+        record(status="error", error="agent command exited with code 127", prompt_index=i)
+        for i in range(3)
+    ]
+    summary = score_run(make_spec(), records)
+    assert [e.composite for e in summary.executions] == [0.0, 0.0, 0.0]
+    assert summary.metrics.p95_duration_ms is None and summary.metrics.mean_duration_ms is None
+    assert summary.exit_code == 1
