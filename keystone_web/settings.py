@@ -94,6 +94,9 @@ INSTALLED_APPS = [
     # SimpleAppConfig: the partials loader is configured explicitly in TEMPLATES below
     # instead of being patched in at start-up.
     "template_partials.apps.SimpleAppConfig",
+    # django-ninja's own static files: /api/docs serves Swagger UI from this server, not a
+    # CDN, so it works on an offline or firewalled host.
+    "ninja",
     "evaluations",
 ]
 
