@@ -150,7 +150,8 @@ class Spec:
             raw=data,
             prompts=prompts,
             invariants={
-                k: Invariant.from_dict(k, v) for k, v in (data.get("invariants") or {}).items()
+                k: Invariant.from_dict(k, _with_drift_defaults(v, data))
+                for k, v in (data.get("invariants") or {}).items()
             },
             scenarios=scenarios,
             scoring=ScoringConfig.from_dict(data.get("scoring")),
@@ -159,3 +160,13 @@ class Spec:
             isolation=data.get("isolation", "per_execution"),
             description=data.get("description", ""),
         )
+
+
+def _with_drift_defaults(invariant: Any, data: dict[str, Any]) -> Any:
+    """The top-level `baseline: {drift: {method, max_score, fields}}` block gives every
+    `drift` check the settings it does not set itself."""
+    defaults = (data.get("baseline") or {}).get("drift") or {}
+    check = invariant.get("check") if isinstance(invariant, dict) else None
+    if not defaults or not isinstance(check, dict) or check.get("type") != "drift":
+        return invariant
+    return {**invariant, "check": {**defaults, **check}}

@@ -160,7 +160,6 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
                 execution_key=f"{run.pk}-{execution.pk}",
                 # One identity: the row's key seeds the faults (equal to planned.key).
                 seed=execution_seed(int(run.options.get("seed", 0)), execution.key),
-                baseline_output=_baseline_output(execution),
                 sandbox=sandbox,
             )
     except ServiceNotConfigured as exc:  # not transient: said at once, never retried
@@ -242,24 +241,6 @@ class _LeaseWatcher(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=5)
-
-
-def _baseline_output(execution: Execution) -> str | None:
-    """The no-chaos output of the same prompt and replica, for behavior_unchanged (auto)."""
-    if execution.pillar != "chaos":
-        return None
-    reference = (
-        Execution.objects.filter(
-            run_id=execution.run_id,
-            pillar="contract",
-            prompt_index=execution.prompt_index,
-            status=ExecutionStatus.SUCCESS,
-        )
-        .order_by("replica")
-        .values_list("final_output", flat=True)
-        .first()
-    )
-    return reference
 
 
 def execution_requeue_expired(*, enqueue: bool = True) -> list[int]:

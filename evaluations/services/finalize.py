@@ -3,6 +3,8 @@ exit code, and the review items for the judge's scores."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -68,33 +70,43 @@ def run_finalize_if_done(*, run_id: int) -> None:
         run_finalize(run_id=run_id)
 
 
-# behavior_unchanged with `baseline: auto` compares a faulted execution's output with the
-# no-chaos output of the same prompt. Workers finish executions in any order, so the check
-# does not run with the execution: it runs in run_finalize, when every execution of the run
-# has finished and the reference is known (the lowest no-chaos replica that succeeded).
-# One place, no waiting worker, and the same answer whatever the order was.
+# behavior_unchanged with `baseline: auto`, and `drift`, compare an execution's output with
+# the no-chaos output of the same prompt. Workers finish executions in any order, so these
+# checks do not run with the execution: they run in run_finalize, when every execution of
+# the run has finished and the reference is known (the lowest no-chaos replica that
+# succeeded). One place, no waiting worker, and the same answer whatever the order was.
 
 
 def deferred_invariants(spec: EngineSpec) -> set[str]:
     return {
         invariant.id
         for invariant in spec.invariants.values()
-        if invariant.check_type == "behavior_unchanged"
-        and str(invariant.check.get("baseline", "auto")) == "auto"
+        if invariant.check_type == "drift"
+        or (
+            invariant.check_type == "behavior_unchanged"
+            and str(invariant.check.get("baseline", "auto")) == "auto"
+        )
     }
 
 
 def _evaluate_deferred(run: Run, spec: EngineSpec) -> None:
     """Check the deferred invariants of every finished execution (idempotent: the unique
     constraint keeps the first result) and rescore the executions that got results."""
+    from evaluations.judge import judge_for_run
+
+    deferred = deferred_invariants(spec)
+    if not deferred:
+        return
+    with judge_for_run(run) as judge:  # drift by judge or embedding asks the run's judge
+        _evaluate_deferred_with(run, spec, deferred, judge)
+
+
+def _evaluate_deferred_with(run: Run, spec: EngineSpec, deferred: set[str], judge: Any) -> None:
     from checks.artifact import RunArtifact
     from checks.context import CheckContext
     from checks.engine import evaluate
     from evaluations.runner.harness import scenario_named
 
-    deferred = deferred_invariants(spec)
-    if not deferred:
-        return
     executions = list(
         Execution.objects.filter(run=run)
         .exclude(status__in=[ExecutionStatus.PENDING, ExecutionStatus.RUNNING])
@@ -124,6 +136,7 @@ def _evaluate_deferred(run: Run, spec: EngineSpec) -> None:
             prompt=execution.prompt,
             scenario=execution.scenario,
             baseline_output=references.get(execution.prompt_index),
+            judge=judge,
         )
         results = evaluate(artifact, wanted, context, scenario_named(spec, execution.scenario))
         with transaction.atomic():
