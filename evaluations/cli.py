@@ -127,6 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_report_options(run)
     run.set_defaults(handler=_django_command("cmd_run"))
+    compare = commands.add_parser(
+        "compare",
+        help="compare a run with its spec's baseline or another run; exit 1 when something regressed",
+    )
+    compare.add_argument("run", type=int, metavar="RUN")
+    compare.add_argument(
+        "--against",
+        default="baseline",
+        metavar="baseline|RUN",
+        help="the reference (default: baseline)",
+    )
+    compare.add_argument("--alpha", type=float, default=0.05, help="significance level (0.05)")
+    compare.add_argument("--json", metavar="FILE", help="write the verdicts as JSON")
+    compare.add_argument("--markdown", metavar="FILE", help="write a Markdown summary")
+    compare.set_defaults(handler=_django_command("cmd_compare"))
     replay = commands.add_parser("replay", help="replay files (regression pillar)")
     replay_commands = replay.add_subparsers(dest="replay_command", metavar="ACTION")
     export = replay_commands.add_parser(
