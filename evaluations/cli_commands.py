@@ -390,50 +390,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """A run against its spec's active baseline or another run of the same spec: what
     regressed, by Fisher's exact test; exit 1 when something did (a CI gate), 0 otherwise."""
     setup_django()
-    from checks.compare import compare_summaries, render_comparison
-    from checks.scoring import score_run
-    from evaluations.models import RUN_TERMINAL_STATUSES, Baseline, Run
-    from evaluations.selectors import run_records
-    from evaluations.services import engine_spec
-
-    def fail(message: str) -> int:
-        print(f"keystone compare: {message}", file=sys.stderr)
-        return EXIT_SPEC_INVALID
+    from checks.compare import render_comparison
+    from evaluations.models import Run
+    from evaluations.selectors.compare import (
+        ComparisonRefused,
+        comparison_reference,
+        run_comparison,
+    )
 
     after = Run.objects.select_related("spec", "spec_version").filter(pk=args.run).first()
-    if after is None:
-        return fail(f"no run {args.run}")
-    if args.against == "baseline":
-        baseline = Baseline.objects.filter(spec=after.spec, active=True).first()
-        if baseline is None:
-            return fail(
-                f"spec {after.spec.slug} has no active baseline: promote a run on its page, "
-                "or compare with --against RUN"
-            )
-        if baseline.run_id is None:
-            return fail(f"the baseline {baseline.name!r} has lost its run (it was deleted)")
-        before_id = baseline.run_id
-    else:
-        try:
-            before_id = int(args.against)
-        except ValueError:
-            return fail(f"--against takes 'baseline' or a run id, not {args.against!r}")
-    before = Run.objects.select_related("spec", "spec_version").filter(pk=before_id).first()
-    if before is None:
-        return fail(f"no run {before_id}")
-    if before.spec_id != after.spec_id:
-        return fail(
-            f"run {before.pk} is of spec {before.spec.slug} and run {after.pk} of "
-            f"{after.spec.slug}: only runs of one spec compare"
-        )
-    for run in (before, after):
-        if run.status not in RUN_TERMINAL_STATUSES:
-            return fail(f"run {run.pk} is still {run.status}")
-    comparison = compare_summaries(
-        score_run(engine_spec(before), run_records(before)),
-        score_run(engine_spec(after), run_records(after)),
-        alpha=args.alpha,
-    )
+    try:
+        if after is None:
+            raise ComparisonRefused(f"no run {args.run}")
+        before = comparison_reference(after, args.against)
+    except ComparisonRefused as exc:
+        print(f"keystone compare: {exc}", file=sys.stderr)
+        return EXIT_SPEC_INVALID
+    comparison = run_comparison(before, after, alpha=args.alpha)
     text = render_comparison(comparison, f"run {before.pk}", f"run {after.pk}")
     sys.stdout.write(text)
     if args.json:

@@ -390,3 +390,54 @@ def run_export(request: HttpRequest, project_slug: str, run_id: int, fmt: str) -
     response = HttpResponse(render_report(selectors.run_report(run)), content_type=content_type)
     response["Content-Disposition"] = f'attachment; filename="{stem}{suffix}"'
     return response
+
+
+# The run figures the compare page puts side by side: (label, Run field, decimals).
+COMPARE_FIGURES = (
+    ("composite", "composite", 3),
+    ("pass rate", "pass_rate", 3),
+    ("resilience", "resilience", 1),
+    ("overall", "overall", 3),
+    ("judge mean", "judge_mean", 3),
+    ("cost (USD)", "cost_usd", 4),
+    ("p95 latency (ms)", "p95_duration_ms", 0),
+)
+
+
+@login_required
+@require_GET
+def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpResponse:
+    """A run beside its spec's baseline (or `?against=RUN`): the figures and their deltas,
+    then every cell that changed with its statistical verdict (checks.compare)."""
+    from evaluations.selectors.compare import (
+        ComparisonRefused,
+        comparison_reference,
+        run_comparison,
+    )
+
+    access = project_for(request, project_slug)
+    after = selectors.run_in_project(access.project, run_id)
+    if after is None:
+        raise Http404("No such run in this project.")
+    against = request.GET.get("against") or "baseline"
+    context: dict[str, Any] = {"access": access, "run": after, "against": against}
+    try:
+        before = comparison_reference(after, against)
+    except ComparisonRefused as exc:
+        context["problem"] = str(exc)
+        return render(request, "runs/run_compare.html", context, status=200)
+    comparison = run_comparison(before, after)
+    figures = []
+    for label, name, digits in COMPARE_FIGURES:
+        old, new = getattr(before, name), getattr(after, name)
+        delta = None if old is None or new is None else new - old
+        figures.append(
+            {"label": label, "before": old, "after": new, "delta": delta, "digits": digits}
+        )
+    context.update(
+        before=before,
+        comparison=comparison,
+        changed=comparison.changed(),
+        figures=figures,
+    )
+    return render(request, "runs/run_compare.html", context)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.test import Client
+from django.urls import reverse
 
 from evaluations import services
 from evaluations.cli import main
-from evaluations.models import Baseline, Project
+from evaluations.models import Baseline, Membership, Project, Role
 from tests.evaluations.execution_helpers import run_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -61,3 +64,25 @@ def test_bad_references_are_named(
     assert main(["compare", str(run.pk), "--against", str(other.pk)]) == 2
     assert "only runs of one spec compare" in capsys.readouterr().err
     services.run_cancel(run_id=run.pk)
+
+
+def test_the_compare_page_shows_the_regression_and_the_figures(
+    project: Project, tmp_path: Path, django_user_model: Any
+) -> None:
+    good = run_spec(project, _spec("ok"), spec_dir=tmp_path)
+    worse = run_spec(project, _spec("nope"), spec_dir=tmp_path)
+    viewer = django_user_model.objects.create_user(username="v", password="pw-123456")
+    Membership.objects.create(project=project, user=viewer, role=Role.VIEWER)
+    client = Client()
+    client.force_login(viewer)
+    url = reverse("run_compare", args=[project.slug, worse.pk])
+    html = client.get(url, {"against": good.pk}).content.decode()
+    assert "<strong>Regressed</strong>" in html
+    assert 'class="verdict-regressed"' in html and "ok @ no-chaos" in html
+    assert "10/10 → 0/10" in html
+    assert "pass rate" in html and "-1.000" in html
+    # No baseline yet: said on the page, not a 500.
+    html = client.get(url).content.decode()
+    assert "Cannot compare: spec steady has no active baseline" in html
+    # A run of another project is a 404.
+    assert client.get(reverse("run_compare", args=[project.slug, 999999])).status_code == 404
