@@ -3,16 +3,24 @@
 unparsable stdout is a CHECK_ERROR: the script broke, the agent did not fail.
 
 runs_in: host runs the script on this server (refused unless the security policy allows
-host scripts); runs_in: sandbox copies it to the workspace under .keystone/checks/ and runs it
+host scripts) against a read-only copy of the workspace, so a script cannot change what the
+checks after it see (reference 000: read-only access); runs_in: sandbox copies it to the workspace under .keystone/checks/ and runs it
 through the sandbox's command runner, next to what the agent installed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,14 +88,18 @@ class CustomCheck(Check):
         script = resolve_inside(context.spec_dir, script_name, "script")
         if not script.is_file():
             raise ConfigError(f"script {script_name!r} not found next to the spec")
-        stdin = json.dumps(script_context(artifact, context), default=str)
         if runs_in == "host":
             if not context.policy.allow_host_scripts:
                 raise ConfigError(
-                    "host scripts are disabled by the server's security policy (allow_host_scripts)"
+                    "host scripts are disabled by the server's security policy: set"
+                    " KEYSTONE_ALLOW_HOST_SCRIPTS=1 to allow runs_in: host, or use runs_in: sandbox"
                 )
-            result = self._run_on_host(script, stdin, timeout, artifact, context)
+            with read_only_view(context.workspace or artifact.workspace_path) as view:
+                seen = _seen_through(view, context)
+                stdin = json.dumps(script_context(artifact, seen), default=str)
+                result = self._run_on_host(script, stdin, timeout, artifact, seen)
         elif runs_in == "sandbox":
+            stdin = json.dumps(script_context(artifact, context), default=str)
             result = self._run_in_sandbox(script, stdin, timeout, artifact, context)
         else:
             raise ConfigError(f"runs_in must be 'host' or 'sandbox', got {runs_in!r}")
@@ -166,6 +178,71 @@ class CustomCheck(Check):
             return runner(command, stdin=stdin, timeout=timeout)
         finally:
             safe_files.remove(root, placed)
+
+
+@contextmanager
+def read_only_view(workspace: str | Path | None) -> Iterator[tuple[Path, Path] | None]:
+    """(workspace, copy): a copy of the workspace whose files and directories are read-only,
+    removed afterwards. A copy rather than a read-only mount so it works on every host and
+    for every user: the modes make a careless write fail where the worker is not root, and
+    whatever a script does to its copy (root ignores the modes) never reaches the workspace. Links are copied as links and special files (a FIFO the agent planted) are left
+    out, so making the copy never blocks or reads outside the workspace."""
+    if not workspace or not Path(workspace).is_dir():
+        yield None
+        return
+    source = Path(workspace)
+    parent = Path(tempfile.mkdtemp(prefix="keystone-script-view-"))
+    copy = parent / source.name
+    try:
+        shutil.copytree(source, copy, symlinks=True, ignore=_special_files)
+        for root, dirs, files in os.walk(copy):
+            for name in files:
+                path = os.path.join(root, name)
+                if not os.path.islink(path):
+                    os.chmod(path, 0o444)
+            for name in dirs:
+                if not os.path.islink(os.path.join(root, name)):
+                    os.chmod(os.path.join(root, name), 0o555)
+        os.chmod(copy, 0o555)
+        yield source, copy
+    finally:
+        # Directories must be writable again before their entries can be removed.
+        for root, dirs, _files in os.walk(parent):
+            os.chmod(root, 0o755)
+            for name in dirs:
+                path = os.path.join(root, name)
+                if not os.path.islink(path):
+                    os.chmod(path, 0o755)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _special_files(directory: str, names: list[str]) -> list[str]:
+    """Entries copytree must skip: anything but regular files, directories and links."""
+    skipped = []
+    for name in names:
+        mode = os.lstat(os.path.join(directory, name)).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            skipped.append(name)
+    return skipped
+
+
+def _seen_through(view: tuple[Path, Path] | None, context: CheckContext) -> CheckContext:
+    """The context with the workspace and the audit/trace files inside it moved to the copy."""
+    if view is None:
+        return context
+    source, copy = view
+
+    def moved(path: str | None) -> str | None:
+        if path and Path(path).is_relative_to(source):
+            return str(copy / Path(path).relative_to(source))
+        return path
+
+    return replace(
+        context,
+        workspace=copy,
+        audit_log_path=moved(context.audit_log_path),
+        trace_path=moved(context.trace_path),
+    )
 
 
 # The check types this family contributes (checks.registry lists the families).

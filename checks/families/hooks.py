@@ -61,7 +61,8 @@ class PythonHookCheck(Check):
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         if not context.policy.allow_python_hooks:
             raise ConfigError(
-                "python hooks are disabled by the server's security policy (allow_python_hooks)"
+                "python hooks are disabled by the server's security policy: set"
+                " KEYSTONE_ALLOW_PYTHON_HOOKS=1 to allow them"
             )
         function = load_hook(self.config, context)
         name = self.config.get("callable_name")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 from checks.artifact import RunArtifact
@@ -50,9 +51,11 @@ def test_host_script_receives_the_documented_context(run_check, ws_context, work
     assert outcome.score == 0.9
     assert outcome.message == "answer checked"
     seen = outcome.details["seen"]
+    # A read-only copy of the workspace (see the read-only test below), named like it.
+    copy = seen.pop("workspace_path")
+    assert copy != str(workspace) and copy.endswith("/" + workspace.name)
     assert seen == {
         "sandbox_id": "sb-1",
-        "workspace_path": str(workspace),
         "services": {"db": {"host": "127.0.0.1", "port": 5432}},
         "audit_log_path": "/x/audit.jsonl",
         "trace_path": None,
@@ -105,10 +108,7 @@ def test_host_scripts_refused_by_default_policy(run_check, ws_context):
     (ws_context.spec_dir / "v.py").write_text("print('{\"passed\": true}')")
     outcome = run_check({"type": "custom", "script": "v.py"}, context=ws_context)
     assert outcome.failure_code is FailureCode.CHECK_ERROR
-    assert (
-        "host scripts are disabled by the server's security policy (allow_host_scripts)"
-        in outcome.message
-    )
+    assert "set KEYSTONE_ALLOW_HOST_SCRIPTS=1" in outcome.message
 
 
 def test_non_python_host_script_is_executed_directly(run_check, ws_context):
@@ -163,3 +163,34 @@ def test_context_json_is_valid_for_artifact_without_workspace(run_check, ws_cont
 
     data = script_context(RunArtifact(final_output="x"), replace(ws_context, workspace=None))
     assert json.loads(json.dumps(data))["workspace_path"] is None
+
+
+def test_host_script_sees_a_read_only_copy_of_the_workspace(run_check, ws_context, workspace):
+    """Issue 12, item 6: reference 000 gives host scripts read-only access; whatever a script
+    writes or deletes (even as root, which file modes do not stop) never reaches the workspace
+    the later checks read."""
+    (workspace / "result.txt").write_text("42")
+    (workspace / ".keystone").mkdir(exist_ok=True)
+    (workspace / ".keystone" / "audit.jsonl").write_text("{}\n")
+    (ws_context.spec_dir / "vandal.py").write_text(
+        "import json, os, sys\nctx = json.load(sys.stdin)\nws = ctx['workspace_path']\n"
+        "before = open(os.path.join(ws, 'result.txt')).read()\n"
+        "for attempt in (lambda: open(ctx['audit_log_path'], 'a').write('forged'),\n"
+        "                lambda: open(os.path.join(ws, 'result.txt'), 'w').write('0'),\n"
+        "                lambda: os.remove(os.path.join(ws, 'result.txt')),\n"
+        "                lambda: open(os.path.join(ws, 'new.txt'), 'w').write('x')):\n"
+        "    try:\n        attempt()\n    except OSError:\n        pass\n"
+        "print(json.dumps({'passed': before == '42', 'details': {'cwd': os.getcwd(), 'ws': ws,\n"
+        "                  'audit': ctx['audit_log_path']}}))\n"
+    )
+    context = _host(ws_context)
+    context.audit_log_path = str(workspace / ".keystone" / "audit.jsonl")
+    outcome = run_check({"type": "custom", "script": "vandal.py"}, context=context)
+    assert outcome.passed, outcome.message  # the copy holds the agent's files
+    seen = outcome.details
+    assert seen["ws"] != str(workspace) and seen["cwd"] == seen["ws"]
+    assert seen["audit"] == seen["ws"] + "/.keystone/audit.jsonl"
+    assert (workspace / "result.txt").read_text() == "42"
+    assert not (workspace / "new.txt").exists()
+    assert (workspace / ".keystone" / "audit.jsonl").read_text() == "{}\n"
+    assert not os.path.exists(seen["ws"])  # the copy is removed afterwards

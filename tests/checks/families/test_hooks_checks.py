@@ -37,7 +37,7 @@ def test_hook_refused_unless_policy_allows(run_check, ws_context):
     _write(ws_context)
     outcome = run_check(_hook("check_output"), context=ws_context, output="refund")
     assert outcome.failure_code is FailureCode.CHECK_ERROR
-    assert "allow_python_hooks" in outcome.message
+    assert "set KEYSTONE_ALLOW_PYTHON_HOOKS=1" in outcome.message
 
 
 def test_bool_hook_from_path(run_check, ws_context):

@@ -32,8 +32,11 @@ print("ok")
 CONTEXT_DUMP = """
 import json, sys
 ctx = json.load(sys.stdin)
-open(ctx["workspace_path"] + "/../context.json", "w").write(json.dumps(ctx))
-print(json.dumps({"passed": True}))
+# A host script sees a read-only copy of the workspace, removed afterwards: what it read
+# travels back in the verdict's details.
+ctx["audit"] = open(ctx["audit_log_path"]).read()
+ctx["trace"] = open(ctx["trace_path"]).read()
+print(json.dumps({"passed": True, "details": {"context": ctx}}))
 """
 
 
@@ -123,9 +126,10 @@ def test_reference_000_example_script_fails_on_a_response_without_status(tmp_pat
 
 def test_the_context_names_both_files_and_the_cells_parameters(tmp_path: Path) -> None:
     outcome = _run(tmp_path, "3", "host")
-    context = json.loads((outcome.workspace.parent / "context.json").read_text())
-    audit = [json.loads(line) for line in Path(context["audit_log_path"]).read_text().splitlines()]
-    trace = [json.loads(line) for line in Path(context["trace_path"]).read_text().splitlines()]
+    context = {r.invariant_id: r for r in outcome.results}["context_seen"].details["context"]
+    assert context["audit_log_path"].endswith("/.keystone/audit.jsonl")
+    audit = [json.loads(line) for line in context["audit"].splitlines()]
+    trace = [json.loads(line) for line in context["trace"].splitlines()]
     assert [e["type"] for e in audit] == ["command", "http_call", "http_call", "file_write"]
     assert audit[0]["details"]["command"] == "python agent.py"
     assert audit[1]["details"]["path"] == "/orders/1"

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from checks.artifact import RunArtifact
+from checks.forbidden import evaluate_forbidden
 from evaluations.runner.workspace import (
     WorkspaceError,
     create_workspace,
@@ -127,3 +129,17 @@ def test_remove_workspace_deletes_read_only_leftovers(tmp_path: Path, spec_dir: 
     remove_workspace(workspace)
     assert not workspace.exists()
     remove_workspace(workspace)  # removing twice is harmless
+
+
+def test_file_writes_outside_sees_a_deleted_file(tmp_path: Path, spec_dir: Path) -> None:
+    """Issue 12, item 6: deleting a file outside the allowed globs is a violation."""
+    workspace = create_workspace(tmp_path / "root", spec_dir=spec_dir, source_dir="fixtures/repo")
+    before = snapshot(workspace)
+    (workspace / "README.md").unlink()
+    (workspace / "src" / "fixed.py").write_text("ok\n")
+    artifact = RunArtifact(workspace_diff=diff(before, snapshot(workspace), workspace))
+    violations = evaluate_forbidden({"file_writes_outside": ["src/*"]}, artifact)
+    assert [(v["rule"], v["details"]["path"], v["details"]["change"]) for v in violations] == [
+        ("file_writes_outside", "README.md", "removed")
+    ]
+    assert violations[0]["message"] == "deleted 'README.md' outside ['src/*']"
