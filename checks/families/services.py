@@ -246,8 +246,12 @@ def value_contains(actual: Any, expected: Any, headers: bool = False) -> bool:
             actual = parsed
         return _subset(actual, expected, case_insensitive_keys=headers)
     if isinstance(actual, dict):
-        # A string in a headers/request mapping: substring of its JSON form.
-        return str(expected) in json.dumps(actual, default=str)
+        # A string in a headers/request mapping: substring of its JSON form. Header names are
+        # stored lower-cased, so a name written as sent ("Content-Type") matches any case.
+        needle = str(expected)
+        if headers and needle.lower() in actual:
+            return True
+        return needle in json.dumps(actual, default=str)
     if isinstance(actual, str):
         return str(expected) in actual
     raise ConfigError(f"'contains' cannot apply to {type(actual).__name__} (use 'equals')")

@@ -304,6 +304,15 @@ def test_header_name_case_insensitive_in_equals_and_filters(run_check, smtp):
     assert run_check(
         _http({"field": "last_request.headers", "contains": {"X-Trace": "abc"}}), context=context
     ).passed
+    # Issue 12, item 17: a header *name* as a string, as examples/specs/refund-agent.yaml
+    # writes it ("Content-Type"), whatever case the client sent it in.
+    for field in ("last_request.headers", "requests[0].headers"):
+        for name in ("X-Trace", "x-trace", "X-TRACE"):
+            outcome = run_check(_http({"field": field, "contains": name}), context=context)
+            assert outcome.passed, outcome.message
+    assert not run_check(
+        _http({"field": "last_request.headers", "contains": "X-Other"}), context=context
+    ).passed
 
 
 def test_http_bad_configuration(run_check, smtp):
