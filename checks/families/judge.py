@@ -8,8 +8,11 @@ these results `source="judge"`, so a human review can later override them.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
+from checks import safe_files
 from checks.artifact import RunArtifact
 from checks.check import Check
 from checks.context import CheckContext, JudgeError
@@ -22,6 +25,7 @@ from checks.families._common import (
     preview,
     read_text,
     workspace_file,
+    workspace_root,
 )
 from checks.families.services import FieldMissing, resolve_field
 from checks.results import FailureCode, Outcome
@@ -35,11 +39,14 @@ _ERROR_CODES = {
 
 
 def judged_input(source: str, artifact: RunArtifact, context: CheckContext) -> str:
-    """The text `input_from` names: agent_output, stdout, workspace:PATH or SERVICE.FIELD."""
+    """The text `input_from` names: agent_output, stdout, workspace, workspace:PATH or
+    SERVICE.FIELD."""
     if source == "agent_output":
         return artifact.final_output or ""
     if source == "stdout":
         return artifact.stdout or ""
+    if source == "workspace":
+        return workspace_text(workspace_root(artifact, context))
     if source.startswith("workspace:"):
         relative = source.removeprefix("workspace:").strip()
         path = workspace_file(artifact, context, relative)
@@ -49,7 +56,8 @@ def judged_input(source: str, artifact: RunArtifact, context: CheckContext) -> s
     service_name, dot, field = source.partition(".")
     if not dot or not field:
         raise ConfigError(
-            f"input_from {source!r} is not agent_output, stdout, workspace:PATH or SERVICE.FIELD"
+            f"input_from {source!r} is not agent_output, stdout, workspace, workspace:PATH"
+            " or SERVICE.FIELD"
         )
     service = get_service(context, service_name)
     try:
@@ -57,6 +65,42 @@ def judged_input(source: str, artifact: RunArtifact, context: CheckContext) -> s
     except FieldMissing as exc:
         raise ConfigError(f"input_from {source!r}: {exc}") from exc
     return value if isinstance(value, str) else str(value)
+
+
+# What a judge reads of a whole workspace: enough for a small project, bounded for a big one.
+WORKSPACE_TEXT_CAP = 64 * 1024
+
+
+def workspace_text(root: Path, cap: int = WORKSPACE_TEXT_CAP) -> str:
+    """Every text file of the workspace (reference 000's `input_from: workspace`), each under
+    a `=== path ===` header, in path order, cut at `cap` characters with a note saying so.
+    Keystone's own .keystone directory is left out, links are not followed and binary files
+    (a NUL byte) are skipped."""
+    parts: list[str] = []
+    total = 0
+    for relative in _workspace_files(root):
+        text = safe_files.read_text(root, relative, cap=cap + 1)
+        if text is None or "\0" in text:
+            continue
+        part = f"=== {relative} ===\n{text}\n"
+        if total + len(part) > cap:
+            parts.append(part[: max(0, cap - total)])
+            parts.append(f"\n[workspace text cut at {cap} characters]")
+            break
+        parts.append(part)
+        total += len(part)
+    return "".join(parts)
+
+
+def _workspace_files(root: Path) -> list[str]:
+    found: list[str] = []
+    for directory, dirs, files in os.walk(root):  # os.walk does not follow links
+        dirs[:] = sorted(d for d in dirs if not (directory == str(root) and d == ".keystone"))
+        for name in files:
+            path = os.path.join(directory, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                found.append(os.path.relpath(path, root).replace(os.sep, "/"))
+    return sorted(found)
 
 
 class JudgeCheck(Check):

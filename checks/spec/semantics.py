@@ -240,7 +240,7 @@ def _inline_schema(schema: Any, path: tuple[Any, ...]) -> Iterator[Problem]:
         yield Problem(path, f"invalid JSON Schema: {type(exc).__name__}: {exc}")
 
 
-_INPUT_SOURCES = ("agent_output", "stdout")
+_INPUT_SOURCES = ("agent_output", "stdout", "workspace")
 
 
 def _input_from(
@@ -256,7 +256,8 @@ def _input_from(
     if not dot or not service or not field_name:
         yield Problem(
             path,
-            f"input_from '{value}' must be agent_output, stdout, workspace:PATH or SERVICE.FIELD",
+            f"input_from '{value}' must be agent_output, stdout, workspace, workspace:PATH"
+            " or SERVICE.FIELD",
         )
         return
     if service not in services:

@@ -155,3 +155,25 @@ def test_judge_receives_deterministic_evidence_through_the_engine():
     assert results[1].source == "judge"
     evidence = judge.calls[0]["evidence"]
     assert evidence[0]["invariant_id"] == "mentions_refund" and evidence[0]["passed"] is False
+
+
+def test_input_from_workspace_reads_every_text_file_capped(run_check, ws_context, workspace):
+    """Issue 12, item 17: reference 000 lists `input_from: workspace` (the whole workspace)."""
+    judge = ScriptedJudge()
+    context = replace(ws_context, judge=judge)
+    (workspace / "src").mkdir()
+    (workspace / "src" / "app.py").write_text("print('fixed')\n")
+    (workspace / "README.md").write_text("# Calculator\n")
+    (workspace / "logo.png").write_bytes(b"\x89PNG\x00\x01")  # binary: skipped
+    (workspace / ".keystone").mkdir()
+    (workspace / ".keystone" / "audit.jsonl").write_text("{}\n")  # Keystone's, not the agent's
+    (workspace / "escape").symlink_to("/etc/hostname")  # a link: never followed
+    assert run_check(_judge(input_from="workspace"), context=context).passed
+    assert judge.calls[-1]["judged_input"] == (
+        "=== README.md ===\n# Calculator\n\n=== src/app.py ===\nprint('fixed')\n\n"
+    )
+    (workspace / "big.txt").write_text("x" * 200_000)
+    assert run_check(_judge(input_from="workspace"), context=context).passed
+    judged = judge.calls[-1]["judged_input"]
+    assert judged.endswith("[workspace text cut at 65536 characters]")
+    assert len(judged) < 66_000
