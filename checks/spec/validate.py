@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from checks.spec.contract_layout import unfold_contract
 from checks.spec.errors import SpecError, SpecValidationError, format_path
 from checks.spec.loader import LoadedYaml, Mark, load_yaml
 from checks.spec.model import Spec
@@ -69,6 +70,9 @@ def _validate(
             )
         )
         return None, _sorted(errors)
+    unfolded = unfold_contract(loaded)
+    if unfolded:
+        return None, _sorted([*errors, *(_positioned(p, loaded) for p in unfolded)])
     problems: list[Problem] = list(schema_problems(data))
     problems.extend(semantic_problems(data, spec_dir))
     # A value the loader already refused (`.nan`) was built as null: one error for it, not
