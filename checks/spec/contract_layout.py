@@ -31,8 +31,8 @@ from checks.spec.loader import LoadedYaml, Path
 from checks.spec.schema import Problem
 
 # The invariant's own fields (the `invariant` schema); everything else belongs to its check.
-INVARIANT_FIELDS = (
-    *("description", "weight", "gate", "severity", "when", "negate", "dimensions", "probes"),
+INVARIANT_FIELDS = frozenset(
+    {"description", "weight", "gate", "severity", "when", "negate", "dimensions", "probes"}
 )
 CONTRACT_FIELDS = ("name", "description", "invariants", "chaos_matrix")
 
