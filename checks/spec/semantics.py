@@ -157,10 +157,29 @@ def _declared(services: dict[str, Any]) -> str:
 def _invariant_rules(
     data: dict[str, Any], services: dict[str, dict[str, Any]], spec_dir: Path | None
 ) -> Iterator[Problem]:
+    calm = _has_chaos_free_scenario(data)
     for invariant_id, invariant in _dict(data.get("invariants")).items():
         check = _dict(_dict(invariant).get("check"))
         if check:
             yield from _check_rules(check, ("invariants", invariant_id, "check"), services)
+        auto = check.get("type") == "behavior_unchanged" and check.get("baseline", "auto") == "auto"
+        if auto and not calm:
+            yield Problem(
+                ("invariants", invariant_id, "check", "type"),
+                "behavior_unchanged with baseline: auto compares each output with the"
+                " chaos-free scenario's, and every chaos_matrix scenario has faults: add"
+                " {name: no-chaos} to chaos_matrix or give 'baseline' a text",
+            )
+
+
+def _has_chaos_free_scenario(data: dict[str, Any]) -> bool:
+    """Whether some scenario runs without faults (no chaos_matrix: the implicit no-chaos)."""
+    scenarios = _list(data.get("chaos_matrix"))
+    return not scenarios or any(
+        isinstance(s, dict)
+        and not any(s.get(k) for k in ("tool_faults", "llm_faults", "context_attacks", "profile"))
+        for s in scenarios
+    )
 
 
 def _check_rules(
@@ -401,10 +420,11 @@ def _file_rules(data: dict[str, Any], spec_dir: Path) -> Iterator[Problem]:
         references.append((_dict(service).get("seed"), ("services", index, "seed")))
     for invariant_id, invariant in _dict(data.get("invariants")).items():
         check = _dict(_dict(invariant).get("check"))
-        if check.get("type") == "schema":
-            references.append(
-                (check.get("schema_file"), ("invariants", invariant_id, "check", "schema_file"))
-            )
+        # The files a check reads next to the spec: fail at validation, not at run time.
+        named = {"schema": "schema_file", "custom": "script", "python_hook": "path"}
+        field = named.get(str(check.get("type")))
+        if field is not None:
+            references.append((check.get(field), ("invariants", invariant_id, "check", field)))
     for index, session in enumerate(_list(_dict(data.get("replay")).get("sessions"))):
         references.append((_dict(session).get("file"), ("replay", "sessions", index, "file")))
     for value, path in references:

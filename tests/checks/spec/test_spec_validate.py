@@ -309,3 +309,44 @@ def test_a_builtin_profile_with_tool_faults_needs_python_agent_tools() -> None:
         "agent: tool faults are configured (see chaos_matrix[0].profile) but the python agent "
         "lists no 'tools' or 'tool_registry' to inject them into at line 5, col 1"
     ]
+
+
+def test_missing_custom_script_and_hook_file_are_reported_at_validation(tmp_path: Path) -> None:
+    """Issue 12, item 17: `keystone validate` names a check file that is not there."""
+    (tmp_path / "checks").mkdir()
+    (tmp_path / "checks" / "present.py").write_text("print('{\"passed\": true}')\n")
+    text = VALID + (
+        "  scripted:\n    description: s\n"
+        "    check: {type: custom, script: checks/verify.py}\n"
+        "  present:\n    description: p\n"
+        "    check: {type: custom, script: checks/present.py}\n"
+        "  hooked:\n    description: h\n"
+        "    check: {type: python_hook, path: hooks/mine.py, callable_name: check}\n"
+    )
+    assert messages(text, spec_dir=tmp_path) == [
+        f"invariants.scripted.check.script: file not found: 'checks/verify.py' (relative to"
+        f" {tmp_path}) at line 14, col 35",
+        f"invariants.hooked.check.path: file not found: 'hooks/mine.py' (relative to"
+        f" {tmp_path}) at line 20, col 38",
+    ]
+
+
+def test_behavior_unchanged_auto_needs_a_chaos_free_scenario() -> None:
+    """Issue 12, item 17: with every scenario faulted there is no output to compare with."""
+    check = (
+        "  steady:\n    description: s\n    check: {type: behavior_unchanged}\n"
+        "chaos_matrix:\n"
+        "  - {name: down, llm_faults: [{mode: timeout}]}\n"
+        "  - {name: outage, profile: api_outage}\n"
+    )
+    assert messages(VALID + check) == [
+        "invariants.steady.check.type: behavior_unchanged with baseline: auto compares each"
+        " output with the chaos-free scenario's, and every chaos_matrix scenario has faults:"
+        " add {name: no-chaos} to chaos_matrix or give 'baseline' a text at line 14, col 19"
+    ]
+    assert messages(VALID + check + "  - {name: calm}\n") == []
+    assert (
+        messages(VALID + check.replace("behavior_unchanged}", "behavior_unchanged, baseline: ok}"))
+        == []
+    )
+    assert messages(VALID + check.split("chaos_matrix")[0]) == []  # the implicit no-chaos
