@@ -139,6 +139,9 @@ class ReplicaAggregate:
     failure_codes: list[str] = field(default_factory=list)
     execution_ids: list[str] = field(default_factory=list)
     prompt: str = ""
+    # Each invariant's score across the replicas: {id: {n, passed, mean, min, max}} (KindLM's
+    # assertionScores), so a flaky invariant shows how far apart its replicas were.
+    invariant_scores: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:

@@ -289,6 +289,24 @@ def aggregate_replicas(
 GroupKey = tuple[str, str, int, str]
 
 
+def invariant_scores(results: Iterable[CheckResult]) -> dict[str, dict[str, float]]:
+    """Each invariant's scores over one group's replicas: n, passed, mean, min, max."""
+    by_invariant: dict[str, list[CheckResult]] = defaultdict(list)
+    for result in results:
+        by_invariant[result.invariant_id].append(result)
+    table: dict[str, dict[str, float]] = {}
+    for invariant_id, found in by_invariant.items():
+        values = [_clamp(r.score) for r in found]
+        table[invariant_id] = {
+            "n": len(values),
+            "passed": sum(1 for r in found if r.passed),
+            "mean": sum(values) / len(values),
+            "min": min(values),
+            "max": max(values),
+        }
+    return table
+
+
 def _group_key(pillar: str, scenario: str, prompt_index: int, mutation: str | None) -> GroupKey:
     return (pillar, scenario, prompt_index, mutation or "")
 
@@ -644,10 +662,16 @@ def score_run(
     prompts = {
         (r.pillar, r.scenario, r.prompt_index, r.mutation_type or ""): r.prompt for r in records
     }
+    results_by_group: dict[GroupKey, list[CheckResult]] = defaultdict(list)
+    for r in records:
+        results_by_group[_group_key(r.pillar, r.scenario, r.prompt_index, r.mutation_type)] += (
+            r.results
+        )
     groups = []
     for key, members in _group_scores(scores).items():
         group = aggregate_replicas(members, method, pass_threshold=threshold)
         group.prompt = prompts.get(key, "")
+        group.invariant_scores = invariant_scores(results_by_group[key])
         groups.append(group)
     groups.sort(key=_group_order(spec))
     matrix = build_matrix(spec, records)

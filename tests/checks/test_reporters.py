@@ -397,3 +397,17 @@ def test_terminal_and_markdown_say_why_executions_did_not_pass() -> None:
         "| no-chaos / prompt 0 / replica 0 | fail | composite 0.8 < pass_threshold 0.85 |"
         in markdown
     )
+
+
+def test_json_report_gives_each_invariants_mean_min_max_over_the_replicas(
+    summary: RunSummary,
+) -> None:
+    """Issue 12, item 18: per-invariant scores across replicas (KindLM's assertionScores)."""
+    groups = {g["key"]: g for g in json.loads(render_json(summary))["summary"]["groups"]}
+    flaky = groups["tool-down / prompt 1"]["invariant_scores"]
+    assert flaky["fast"] == {"n": 2, "passed": 1, "mean": 0.5, "min": 0.0, "max": 1.0}
+    assert flaky["tone"] == {"n": 2, "passed": 2, "mean": 0.9, "min": 0.9, "max": 0.9}
+    # The errored replica's check error counts as a 0 in its group.
+    calm = groups["no-chaos / prompt 0"]["invariant_scores"]
+    assert calm["says_refund"] == {"n": 3, "passed": 2, "mean": 2 / 3, "min": 0.0, "max": 1.0}
+    assert "fast" not in calm  # not active without tool faults
