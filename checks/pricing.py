@@ -68,3 +68,18 @@ def cost_usd(
 ) -> float:
     input_price, output_price = price_for(model, table)
     return (input_tokens * input_price + output_tokens * output_price) / 1_000_000
+
+
+def format_usd(value: float, *others: float) -> str:
+    """`value` as dollars: four decimals, or as many more as it takes (up to 10) for a
+    non-zero cost not to read $0.0000 and for it to read differently from each of `others`
+    it differs from (a limit it exceeded by a fraction of a cent)."""
+    decimals = 4
+    while decimals < 10:
+        shown = round(value, decimals)
+        if (value == 0 or shown != 0) and all(
+            other == value or round(other, decimals) != shown for other in others
+        ):
+            break
+        decimals += 1
+    return f"${value:.{decimals}f}"

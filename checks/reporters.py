@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from checks.pricing import format_usd
 from checks.report_model import ExecutionRecord, ExecutionScore, RunSummary
 from checks.results import CheckResult
 from checks.spec.model import Spec
@@ -224,7 +225,7 @@ def render_terminal(summary: RunSummary, *, color: bool = False) -> str:
         f"  {m.executions} executions  mean {_num(m.mean_duration_ms, 0)} ms  "
         f"p95 {_num(m.p95_duration_ms, 0)} ms  tokens/exec {_num(m.mean_tokens, 0)}  "
         f"tool calls/exec {_num(m.mean_tool_calls, 1)}  tool success {_pct_of(m.tool_success_rate)}  "
-        f"cost ${m.total_cost_usd:.4f}"
+        f"cost {format_usd(m.total_cost_usd)}"
     )
     for warning in summary.warnings:
         lines.append(paint(f"  warning: {warning}", "flaky"))
@@ -410,7 +411,7 @@ def render_markdown(summary: RunSummary) -> str:
         ("mean tokens", _num(m.mean_tokens, 0)),
         ("mean tool calls", _num(m.mean_tool_calls, 1)),
         ("tool success rate", _pct_of(m.tool_success_rate)),
-        ("total cost (USD)", f"{m.total_cost_usd:.4f}"),
+        ("total cost (USD)", format_usd(m.total_cost_usd).removeprefix("$")),
     ]
     out += [f"| {_md(k)} | {_md(v)} |" for k, v in rows]
 

@@ -19,6 +19,7 @@ from checks.families._common import (
     tail,
     workspace_root,
 )
+from checks.pricing import format_usd
 from checks.results import FailureCode, Outcome
 
 
@@ -194,14 +195,15 @@ class CostCheck(Check):
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         limit = get_number(self.config, "max_usd")
         spent = float(artifact.cost_usd)
+        shown = f"cost {format_usd(spent, limit)}"
         if spent > limit:
             return Outcome.fail(
                 FailureCode.COST_EXCEEDED,
-                f"cost ${spent:.4f}, max ${limit:.4f}",
+                f"{shown}, max {format_usd(limit, spent)}",
                 cost_usd=spent,
                 max_usd=limit,
             )
-        return Outcome.ok(f"cost ${spent:.4f} <= ${limit:.4f}", cost_usd=spent, max_usd=limit)
+        return Outcome.ok(f"{shown} <= {format_usd(limit, spent)}", cost_usd=spent, max_usd=limit)
 
 
 # The check types this family contributes (checks.registry lists the families).

@@ -160,3 +160,18 @@ def test_cost(run_check):
     outcome = run_check({"type": "cost", "max_usd": 0.05}, artifact=RunArtifact(cost_usd=0.0712))
     assert outcome.failure_code is FailureCode.COST_EXCEEDED
     assert "$0.0712" in outcome.message
+
+
+def test_cost_messages_show_enough_digits_to_tell_cost_and_limit_apart(run_check):
+    """Issue 12, item 18: "cost $0.0001, max $0.0001" failed without showing why."""
+    outcome = run_check(
+        {"type": "cost", "max_usd": 0.0001}, artifact=RunArtifact(cost_usd=0.000123)
+    )
+    assert outcome.failure_code is FailureCode.COST_EXCEEDED
+    assert outcome.message == "cost $0.00012, max $0.00010"
+    outcome = run_check({"type": "cost", "max_usd": 0.01}, artifact=RunArtifact(cost_usd=0.00002))
+    assert outcome.passed and outcome.message == "cost $0.00002 <= $0.0100"
+    assert (
+        run_check({"type": "cost", "max_usd": 0.05}, artifact=RunArtifact(cost_usd=0.0712)).message
+        == "cost $0.0712, max $0.0500"
+    )
