@@ -10,6 +10,7 @@ from fnmatch import fnmatch
 from typing import Any
 
 from checks.artifact import RunArtifact
+from checks.redaction import usable_secrets
 
 
 def evaluate_forbidden(
@@ -49,7 +50,7 @@ def evaluate_forbidden(
             "llm_calls": "".join(str(c.request) + str(c.response) for c in artifact.llm_calls),
             "http_calls": "".join(c.body + c.response_body for c in artifact.http_calls),
         }
-        for secret in (s for s in secret_values if len(s) >= 4):
+        for secret in usable_secrets(secret_values):
             for where, text in haystacks.items():
                 if secret in text:
                     violations.append(

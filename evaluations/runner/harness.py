@@ -22,6 +22,7 @@ from checks.context import CheckContext, Judge, SecurityPolicy
 from checks.engine import evaluate
 from checks.forbidden import evaluate_forbidden
 from checks.planning import PlannedExecution
+from checks.redaction import redact, redact_artifact, redact_results, usable_secrets
 from checks.results import PROVIDER_CODES, CheckResult
 from checks.spec.model import Scenario, Spec
 from evaluations.runner import workspace as ws
@@ -212,6 +213,12 @@ def run_execution(
                 if name in config.secrets
             ]
             violations = evaluate_forbidden(spec.forbidden, artifact, secret_values=secret_values)
+            # Detected on the raw artifact above; nothing stored or reported repeats them.
+            secrets = usable_secrets(secret_values)
+            artifact = redact_artifact(artifact, secrets)
+            results = redact_results(results, secrets)
+            violations = redact(violations, secrets)
+            warnings = redact(warnings, secrets)
     finally:
         if not config.keep_workspace:
             shutil.rmtree(workspace, ignore_errors=True)
