@@ -205,7 +205,10 @@ def run_execution(
                 trace_path=trace_path,
                 scenario_params=_scenario_params(spec, planned, scenario, seed),
             )
-            results = evaluate(artifact, invariants, context, scenario)
+            # The agent never ran (its setup or reset failed): no invariant can say anything
+            # about it, and a check failing on the empty output would blame the agent for
+            # Keystone's or the setup's error. Scoring counts the execution as an error.
+            results = [] if setup_error else evaluate(artifact, invariants, context, scenario)
             warnings.extend(_provider_warnings(results))
             secret_values = [
                 config.secrets[name]

@@ -53,3 +53,10 @@ invariants:
         "setup command 'echo cannot install >&2; exit 3' exited with code 3: cannot install"
     )
     assert run.exit_code == 1
+    # Issue 12, item 10: no check ran on an agent that never ran, so nothing reads as the
+    # agent failing an invariant: the matrix cell is an error, the group has no check codes.
+    assert not execution.check_results.exists()
+    [cell] = run.summary["matrix"]
+    assert (cell["invariant_id"], cell["status"]) == ("answers", "error")
+    [group] = run.summary["groups"]
+    assert group["status"] == "error" and group["failure_codes"] == []
