@@ -171,6 +171,15 @@ class MatrixCell:
     results_passed: int
     results_total: int
     failure_codes: list[str] = field(default_factory=list)
+    # Results that passed their own check but, as a gate, scored below 1.0 and so forced
+    # their execution's composite to 0: "pass 1/1" alone would read as no harm done.
+    gates_below_one: int = 0
+
+    @property
+    def label(self) -> str:
+        """The cell as the terminal and Markdown show it: "pass 1/1 (gate < 1.0)"."""
+        text = f"{self.status} {self.groups_passed}/{self.groups_total}"
+        return text + (" (gate < 1.0)" if self.gates_below_one else "")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -208,8 +208,7 @@ def render_terminal(summary: RunSummary, *, color: bool = False) -> str:
                 if cell is None:
                     row.append(paint(f"{'-':<{col}}", "dim"))
                 else:
-                    text = f"{cell.status} {cell.groups_passed}/{cell.groups_total}"
-                    row.append(paint(f"{text:<{col}}", cell.status))
+                    row.append(paint(f"{cell.label:<{col}}", cell.status))
             lines.append("  " + "  ".join(row))
 
     lines.append("")
@@ -454,11 +453,7 @@ def render_markdown(summary: RunSummary) -> str:
             row = []
             for s in scenarios:
                 cell = cells.get((inv, s))
-                row.append(
-                    "-"
-                    if cell is None
-                    else f"{cell.status} {cell.groups_passed}/{cell.groups_total}"
-                )
+                row.append("-" if cell is None else cell.label)
             severity = next(c.severity for c in summary.matrix if c.invariant_id == inv)
             out.append(f"| {_md(inv)} ({severity}) | " + " | ".join(row) + " |")
 

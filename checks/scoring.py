@@ -371,7 +371,7 @@ def _cell(
     groups: Sequence[Sequence[ExecutionRecord]],
     method: str,
 ) -> MatrixCell | None:
-    groups_passed = groups_total = results_passed = results_total = 0
+    groups_passed = groups_total = results_passed = results_total = gates_below_one = 0
     errored = False
     codes: list[str] = []
     for members in groups:
@@ -387,6 +387,8 @@ def _cell(
                 continue
             passes.append(result.passed)
             errored = errored or result.is_error
+            if result.passed and result.gate and result.score < 1.0:
+                gates_below_one += 1
             if not result.passed and result.failure_code and result.failure_code.value not in codes:
                 codes.append(result.failure_code.value)
         if not passes:
@@ -410,6 +412,7 @@ def _cell(
         results_passed=results_passed,
         results_total=results_total,
         failure_codes=codes,
+        gates_below_one=gates_below_one,
     )
 
 

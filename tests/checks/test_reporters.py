@@ -411,3 +411,32 @@ def test_json_report_gives_each_invariants_mean_min_max_over_the_replicas(
     calm = groups["no-chaos / prompt 0"]["invariant_scores"]
     assert calm["says_refund"] == {"n": 3, "passed": 2, "mean": 2 / 3, "min": 0.0, "max": 1.0}
     assert "fast" not in calm  # not active without tool faults
+
+
+def test_a_gate_that_passed_below_1_is_marked_in_the_matrix_under_a_fail() -> None:
+    """Issue 12, item 10: a judge gate scoring 0.9 (its own threshold 0.7) forces the
+    composite to 0; the matrix must not show a bare "pass 1/1" under that FAIL."""
+    spec = Spec.from_dict(
+        {
+            "version": 1,
+            "id": "judge-gate",
+            "task": {"prompt": "p"},
+            "agent": {"type": "command", "command": "echo hi"},
+            "invariants": {
+                "tone": {
+                    "description": "polite",
+                    "gate": True,
+                    "check": {"type": "llm_as_judge", "criteria": "polite"},
+                }
+            },
+        }
+    )
+    judged = _result("tone", True, 0.9, check_type="llm_as_judge")
+    judged.gate = True
+    summary = score_run(spec, [ExecutionRecord(id="e", scenario="no-chaos", results=[judged])])
+    assert summary.verdict == "fail"
+    [cell] = summary.matrix
+    assert (cell.status, cell.gates_below_one, cell.label) == ("pass", 1, "pass 1/1 (gate < 1.0)")
+    assert "tone (medium)     pass 1/1 (gate < 1.0)" in render_terminal(summary)
+    assert "| tone (medium) | pass 1/1 (gate < 1.0) |" in render_markdown(summary)
+    assert json.loads(render_json(summary))["summary"]["matrix"][0]["gates_below_one"] == 1
