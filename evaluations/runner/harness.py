@@ -205,10 +205,13 @@ def run_execution(
                 trace_path=trace_path,
                 scenario_params=_scenario_params(spec, planned, scenario, seed),
             )
-            # The agent never ran (its setup or reset failed): no invariant can say anything
-            # about it, and a check failing on the empty output would blame the agent for
-            # Keystone's or the setup's error. Scoring counts the execution as an error.
-            results = [] if setup_error else evaluate(artifact, invariants, context, scenario)
+            # Status `error`: the agent never did its task (its setup or reset failed, its
+            # sandbox or container could not start, its module cannot be imported). No
+            # invariant can say anything about it, and a check failing on the empty output
+            # (or a command_exit in a container that never started) would blame the agent.
+            # Scoring counts the execution as an error, with its reason.
+            never_ran = artifact.status == "error"
+            results = [] if never_ran else evaluate(artifact, invariants, context, scenario)
             warnings.extend(_provider_warnings(results))
             secret_values = [
                 config.secrets[name]

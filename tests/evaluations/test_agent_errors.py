@@ -31,6 +31,9 @@ invariants:
     assert "ModuleNotFoundError" in execution.error
     assert run.exit_code == 1
     assert "ModuleNotFoundError" in run.summary["why_failed"][0]["reason"]
+    # No check ran on an agent that never ran: the cell is an error, not the agent failing.
+    assert not execution.check_results.exists()
+    assert run.summary["matrix"][0]["status"] == "error"
 
 
 def test_a_failing_setup_command_names_its_exit_code_and_output(
@@ -60,3 +63,39 @@ invariants:
     assert (cell["invariant_id"], cell["status"]) == ("answers", "error")
     [group] = run.summary["groups"]
     assert group["status"] == "error" and group["failure_codes"] == []
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(
+    not _docker_answers(), reason="NO DOCKER DAEMON: the docker backend cannot be tried here"
+)
+def test_a_container_that_cannot_start_does_not_make_command_exit_blame_the_agent(
+    project: Project, tmp_path: Path
+) -> None:
+    """Issue 12, item 9: the agent never ran, so command_exit (which would run in the same
+    missing container) must not fail it with EXIT_CODE_MISMATCH."""
+    source = """\
+version: 1
+id: no-container
+task: {prompt: "p"}
+agent: {type: command, command: "echo hi", timeout: 30}
+sandbox: {backend: docker, image: "keystone-no-such-image:never"}
+invariants:
+  tests_pass: {description: t, check: {type: command_exit, command: "true"}}
+"""
+    run = run_spec(project, source, spec_dir=tmp_path)
+    execution = run.executions.get()
+    assert execution.status == ExecutionStatus.ERROR
+    assert "No such image: keystone-no-such-image:never" in execution.error
+    assert not execution.check_results.exists()
+    assert run.summary["matrix"][0]["status"] == "error"
+    assert run.exit_code == 1
