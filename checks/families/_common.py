@@ -7,9 +7,13 @@ crash on a bad value: helpers raise ConfigError, and `guarded` turns it into a C
 from __future__ import annotations
 
 import functools
+import json
+import math
 import os
+import re
 import stat
 import unicodedata
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -320,3 +324,120 @@ def json_schema_validator(schema: dict[str, Any] | bool, what: str) -> Any:
     except exceptions.SchemaError as exc:
         raise ConfigError(f"{what} is invalid: {exc.message}") from exc
     return validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)
+
+
+# --- similarity of two texts (similarity, behavior_unchanged, drift) -------------------------
+# Lexical similarity (deterministic, in [0, 1], 1.0 for identical texts):
+#   1. Normalise: case-fold, strip accents (NFKD, combining marks dropped), keep word tokens.
+#   2. Features: word unigrams plus adjacent-word bigrams (bigrams reward the same word order).
+#   3. Score = 0.5 x Jaccard(feature sets) + 0.5 x cosine(feature counts).
+# Jaccard punishes vocabulary that only one side has; cosine weighs repeated words, so the
+# blend is stable for both short answers and long paragraphs. Two texts with no word tokens
+# are compared for exact equality. Embedding similarity needs an embedder: a judge object
+# with `embed(texts) -> list[vector]`.
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _features(text: str) -> Counter[str]:
+    words = _WORD.findall(normalise(text))
+    features: Counter[str] = Counter(words)
+    features.update(f"{a} {b}" for a, b in zip(words, words[1:], strict=False))
+    return features
+
+
+def lexical_similarity(left: str, right: str) -> float:
+    """See above. Symmetric; 1.0 for identical texts, 0.0 for disjoint ones."""
+    if left == right:
+        return 1.0
+    a, b = _features(left), _features(right)
+    if not a or not b:
+        return 1.0 if not a and not b and left.strip() == right.strip() else 0.0
+    shared = a.keys() & b.keys()
+    jaccard = len(shared) / len(a.keys() | b.keys())
+    dot = sum(a[k] * b[k] for k in shared)
+    cosine = dot / (
+        math.sqrt(sum(v * v for v in a.values())) * math.sqrt(sum(v * v for v in b.values()))
+    )
+    return round(min(1.0, 0.5 * jaccard + 0.5 * cosine), 6)
+
+
+def cosine(left: list[float], right: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(left, right, strict=False))
+    norm = math.sqrt(sum(x * x for x in left)) * math.sqrt(sum(y * y for y in right))
+    return dot / norm if norm else 0.0
+
+
+def embedding_similarity(context: CheckContext, left: str, right: str) -> float:
+    """Cosine of the two texts' embeddings, clamped to [0, 1]; ConfigError if no embedder."""
+    embed = getattr(context.judge, "embed", None)
+    if not callable(embed):
+        raise ConfigError(
+            "method 'embedding' needs an embedding provider (a judge with embed), and none is configured"
+        )
+    vectors: Any = embed([left, right])
+    if not isinstance(vectors, list | tuple) or len(vectors) != 2:
+        raise ConfigError("the embedding provider did not return two vectors")
+    return max(0.0, min(1.0, cosine(list(vectors[0]), list(vectors[1]))))
+
+
+# --- recorded HTTP requests (http_mock_assertions, and judges reading `service.field`) -------
+
+
+_FIELD = re.compile(
+    r"^(?:request_count|last_request|requests\[(\d+)\])(?:\.(body|headers|method|path|query))?$"
+)
+
+
+def request_headers(request: dict[str, Any]) -> dict[str, str]:
+    """Header names lower-cased (HTTP header names are case-insensitive)."""
+    raw = request.get("headers") or {}
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return {str(k).lower(): str(v) for k, v in pairs}
+
+
+def request_body(request: dict[str, Any]) -> str:
+    body = request.get("body")
+    if body is None:
+        return ""
+    if isinstance(body, bytes | bytearray):
+        return bytes(body).decode(errors="replace")
+    if isinstance(body, str):
+        return body
+    return json.dumps(body)
+
+
+class FieldMissing(Exception):
+    """The field names a request that does not exist (an assertion failure, not a check error)."""
+
+
+def resolve_field(requests: list[dict[str, Any]], field: str) -> Any:
+    """The value of `field` over already-filtered recorded requests."""
+    match = _FIELD.match(field)
+    if match is None:
+        raise ConfigError(
+            f"unknown field {field!r} (request_count, last_request[.body|.headers], requests[N][.body|.headers])"
+        )
+    index, part = match.groups()
+    if field.startswith("request_count"):
+        if part:
+            raise ConfigError(f"unknown field {field!r}")
+        return len(requests)
+    if not requests:
+        raise FieldMissing("no matching request was recorded")
+    if index is not None:
+        if int(index) >= len(requests):
+            raise FieldMissing(
+                f"requests[{index}] does not exist: {len(requests)} matching request(s)"
+            )
+        request = requests[int(index)]
+    else:
+        request = requests[-1]
+    if part == "body":
+        return request_body(request)
+    if part == "headers":
+        return request_headers(request)
+    if part is not None:
+        return request.get(part)
+    return {**request, "headers": request_headers(request), "body": request_body(request)}

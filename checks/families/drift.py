@@ -15,14 +15,15 @@ from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import (
     ConfigError,
+    embedding_similarity,
     get_number,
     get_str,
     get_str_list,
     guarded,
     json_equal,
+    lexical_similarity,
     preview,
 )
-from checks.families.similarity import embedding_similarity, lexical_similarity
 from checks.results import FailureCode, Outcome
 
 MAX_EDIT_CHARS = 5000  # edit distance is O(n*m); beyond this, compare the prefixes

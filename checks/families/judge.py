@@ -18,16 +18,17 @@ from checks.check import Check
 from checks.context import CheckContext, JudgeError
 from checks.families._common import (
     ConfigError,
+    FieldMissing,
     get_number,
     get_service,
     get_str,
     guarded,
     preview,
     read_text,
+    resolve_field,
     workspace_file,
     workspace_root,
 )
-from checks.families.services import FieldMissing, resolve_field
 from checks.results import FailureCode, Outcome
 
 _ERROR_CODES = {

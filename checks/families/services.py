@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import parse_qs
@@ -13,7 +12,18 @@ from urllib.parse import parse_qs
 from checks.artifact import RunArtifact
 from checks.check import Check
 from checks.context import CheckContext
-from checks.families._common import ConfigError, get_service, get_str, guarded, json_equal, preview
+from checks.families._common import (
+    ConfigError,
+    FieldMissing,
+    get_service,
+    get_str,
+    guarded,
+    json_equal,
+    preview,
+    request_body,
+    request_headers,
+    resolve_field,
+)
 from checks.results import FailureCode, Outcome
 
 # --- sql ------------------------------------------------------------------------------------
@@ -88,28 +98,6 @@ class SqlCheck(Check):
 
 # --- http_mock_assertions -------------------------------------------------------------------
 
-_FIELD = re.compile(
-    r"^(?:request_count|last_request|requests\[(\d+)\])(?:\.(body|headers|method|path|query))?$"
-)
-
-
-def _headers(request: dict[str, Any]) -> dict[str, str]:
-    """Header names lower-cased (HTTP header names are case-insensitive)."""
-    raw = request.get("headers") or {}
-    pairs = raw.items() if isinstance(raw, dict) else raw
-    return {str(k).lower(): str(v) for k, v in pairs}
-
-
-def _body(request: dict[str, Any]) -> str:
-    body = request.get("body")
-    if body is None:
-        return ""
-    if isinstance(body, bytes | bytearray):
-        return bytes(body).decode(errors="replace")
-    if isinstance(body, str):
-        return body
-    return json.dumps(body)
-
 
 def _parse_json(text: Any) -> tuple[bool, Any]:
     if not isinstance(text, str):
@@ -128,7 +116,7 @@ def _path_matches(actual: str, wanted: str) -> bool:
 def _extra_filter_matches(request: dict[str, Any], key: str, wanted: Any) -> bool:
     """A filter that is not method/path/headers: a top-level field of the JSON body or a query
     parameter (reference 000's example filters an email mock by `to`)."""
-    is_json, body = _parse_json(_body(request))
+    is_json, body = _parse_json(request_body(request))
     if is_json and isinstance(body, dict) and key in body:
         value = body[key]
         return json_equal(value, wanted) or (
@@ -161,7 +149,7 @@ def filter_requests(
             wanted = filters["headers"]
             if not isinstance(wanted, dict):
                 raise ConfigError("'filters.headers' must be a mapping")
-            have = _headers(request)
+            have = request_headers(request)
             if any(have.get(str(k).lower()) != str(v) for k, v in wanted.items()):
                 continue
         extras = {k: v for k, v in filters.items() if k not in ("method", "path", "headers")}
@@ -169,41 +157,6 @@ def filter_requests(
             continue
         selected.append(request)
     return selected
-
-
-class FieldMissing(Exception):
-    """The field names a request that does not exist (an assertion failure, not a check error)."""
-
-
-def resolve_field(requests: list[dict[str, Any]], field: str) -> Any:
-    """The value of `field` over already-filtered recorded requests."""
-    match = _FIELD.match(field)
-    if match is None:
-        raise ConfigError(
-            f"unknown field {field!r} (request_count, last_request[.body|.headers], requests[N][.body|.headers])"
-        )
-    index, part = match.groups()
-    if field.startswith("request_count"):
-        if part:
-            raise ConfigError(f"unknown field {field!r}")
-        return len(requests)
-    if not requests:
-        raise FieldMissing("no matching request was recorded")
-    if index is not None:
-        if int(index) >= len(requests):
-            raise FieldMissing(
-                f"requests[{index}] does not exist: {len(requests)} matching request(s)"
-            )
-        request = requests[int(index)]
-    else:
-        request = requests[-1]
-    if part == "body":
-        return _body(request)
-    if part == "headers":
-        return _headers(request)
-    if part is not None:
-        return request.get(part)
-    return {**request, "headers": _headers(request), "body": _body(request)}
 
 
 def _subset(actual: Any, expected: Any, case_insensitive_keys: bool = False) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from django.core.files.storage import default_storage
 
-from checks.families.similarity import lexical_similarity
+from checks.families._common import lexical_similarity
 from checks.planning import execution_key, execution_seed
 from evaluations import services
 from evaluations.models import Artifact, ArtifactKind, Execution, Project

@@ -25,7 +25,7 @@ from django.db import connection
 from django.utils import timezone
 from kombu import pools as kombu_pools
 
-from checks.families.similarity import lexical_similarity
+from checks.families._common import lexical_similarity
 from evaluations import services
 from evaluations.models import (
     CheckResult,

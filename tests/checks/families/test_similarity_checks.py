@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from checks.context import CheckContext
-from checks.families.similarity import lexical_similarity
+from checks.families._common import lexical_similarity
 from checks.results import FailureCode
 
 
