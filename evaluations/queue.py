@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 RUN_PLAN = "evaluations.tasks.run_plan"
 EXECUTION_RUN = "evaluations.tasks.execution_run"
 RUN_FINALIZE = "evaluations.tasks.run_finalize"
+ALERTS_EVALUATE = "evaluations.tasks.alerts_evaluate"
+FIRING_DELIVER = "evaluations.tasks.firing_deliver"
 
 
 def _send(task_name: str, *args: int) -> None:
@@ -55,3 +57,13 @@ def execution_send(execution_id: int) -> None:
 def run_finalize_later(run_id: int) -> None:
     """Finalise the run once this transaction commits."""
     transaction.on_commit(lambda: _send(RUN_FINALIZE, run_id))
+
+
+def alerts_evaluate_later(run_id: int) -> None:
+    """Evaluate the project's alert rules against this run once its scores are committed."""
+    transaction.on_commit(lambda: _send(ALERTS_EVALUATE, run_id))
+
+
+def firing_deliver_later(firing_id: int) -> None:
+    """Send one alert firing (again) once this transaction commits."""
+    transaction.on_commit(lambda: _send(FIRING_DELIVER, firing_id))

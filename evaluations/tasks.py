@@ -45,3 +45,16 @@ def requeue_expired_executions() -> int:
     """The periodic sweep: executions of dead workers, and runs whose message was lost."""
     services.run_sweep_stuck()
     return len(services.execution_requeue_expired())
+
+
+@shared_task(acks_late=True)
+def alerts_evaluate(run_id: int) -> int:
+    firing_ids = services.alerts_evaluate(run_id=run_id)
+    for firing_id in firing_ids:
+        services.firing_deliver(firing_id=firing_id)
+    return len(firing_ids)
+
+
+@shared_task(acks_late=True)
+def firing_deliver(firing_id: int) -> str:
+    return services.firing_deliver(firing_id=firing_id)

@@ -326,6 +326,31 @@ KEYSTONE_FINAL_OUTPUT_MAX_CHARS = env_int("KEYSTONE_FINAL_OUTPUT_MAX_CHARS", 655
 KEYSTONE_EXECUTION_LEASE_SECONDS = env_int("KEYSTONE_EXECUTION_LEASE_SECONDS", 60)
 # How long a reviewer holds a claimed review item before someone else may take it.
 KEYSTONE_REVIEW_CLAIM_SECONDS = env_int("KEYSTONE_REVIEW_CLAIM_SECONDS", 600)
+# Alerts: links in messages start with KEYSTONE_BASE_URL (e.g. https://keystone.example.com);
+# a delivery is tried KEYSTONE_ALERT_MAX_ATTEMPTS times on connection errors and 5xx, waiting
+# KEYSTONE_ALERT_BACKOFF seconds, doubling, between tries.
+KEYSTONE_BASE_URL = env_str("KEYSTONE_BASE_URL").rstrip("/")
+KEYSTONE_ALERT_MAX_ATTEMPTS = env_int("KEYSTONE_ALERT_MAX_ATTEMPTS", 4)
+KEYSTONE_ALERT_BACKOFF = env_float("KEYSTONE_ALERT_BACKOFF", 2.0)
+KEYSTONE_ALERT_TIMEOUT = env_float("KEYSTONE_ALERT_TIMEOUT", 10.0)
+
+# --- Email (alert channels) --------------------------------------------------------------
+# SMTP when EMAIL_HOST is set, else the console backend (messages are logged, not sent).
+EMAIL_HOST = env_str("EMAIL_HOST")
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend",
+)
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "keystone@localhost")
+
 CELERY_BEAT_SCHEDULE = {
     "requeue-expired-executions": {
         "task": "evaluations.tasks.requeue_expired_executions",

@@ -12,6 +12,16 @@ The names below are what the interfaces call, so they need one import:
 `from evaluations import services`.
 """
 
+from evaluations.services.alerts import (
+    AlertError,
+    alert_channel_create,
+    alert_channel_delete,
+    alert_rule_create,
+    alert_rule_delete,
+    alerts_evaluate,
+    firing_deliver,
+    firing_resend,
+)
 from evaluations.services.baselines import (
     BASELINE_OUTPUT_MAX_CHARS,
     BaselineError,
@@ -70,6 +80,14 @@ from evaluations.services.specs import spec_version_create
 from evaluations.services.tokens import TokenError, token_issue, token_revoke
 
 __all__ = [
+    "AlertError",
+    "alert_channel_create",
+    "alert_channel_delete",
+    "alert_rule_create",
+    "alert_rule_delete",
+    "alerts_evaluate",
+    "firing_deliver",
+    "firing_resend",
     "BASELINE_OUTPUT_MAX_CHARS",
     "REVIEW_POLICY_DEFAULTS",
     "BaselineError",

@@ -1,0 +1,186 @@
+"""The regressions report of a project: what got worse against the active baselines, with
+the reason when there is nothing to show.
+
+`regression_rows` is the one place the report, its exports, the CLI and the
+`any_regression` alert read regressions from. Today it wraps
+selectors.regressions.project_regressions (a group that passed in the baseline and does
+not pass in the spec's latest completed run); the statistical verdicts of the
+baselines/compare work replace it here, and every reader follows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.urls import reverse
+
+from evaluations.models import Baseline, Project, Run
+from evaluations.selectors.regressions import project_regressions
+
+
+@dataclass(frozen=True, slots=True)
+class RegressionRow:
+    spec: str
+    branch: str
+    baseline: str
+    run_id: int
+    run_finished: str
+    group: str
+    baseline_pass_rate: float | None
+    current_pass_rate: float | None
+    status: str
+    failure_codes: list[str]
+    run_url: str
+
+
+@dataclass(slots=True)
+class RegressionReport:
+    project: str
+    since: str | None
+    rows: list[RegressionRow] = field(default_factory=list)
+    # Why the report is empty, when it is: no baseline, no run since, nothing regressed.
+    empty_reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "project": self.project,
+            "since": self.since,
+            "empty_reason": self.empty_reason,
+            "regressions": [asdict(row) for row in self.rows],
+        }
+
+
+CSV_COLUMNS = [
+    "spec",
+    "branch",
+    "baseline",
+    "run_id",
+    "run_finished",
+    "group",
+    "baseline_pass_rate",
+    "current_pass_rate",
+    "status",
+    "failure_codes",
+    "run_url",
+]
+
+
+def regression_rows(project: Project) -> list[RegressionRow]:
+    """Every current regression of the project (the function issue 14's verdicts replace)."""
+    regressions = project_regressions(project)
+    runs = {
+        row["id"]: row
+        for row in Run.objects.filter(pk__in={r.run_id for r in regressions}).values(
+            "id", "branch", "finished"
+        )
+    }
+    return [
+        RegressionRow(
+            spec=r.spec_slug,
+            branch=runs[r.run_id]["branch"],
+            baseline=r.baseline_name,
+            run_id=r.run_id,
+            run_finished=_iso(runs[r.run_id]["finished"]),
+            group=r.group,
+            baseline_pass_rate=r.baseline_pass_rate,
+            current_pass_rate=r.current_pass_rate,
+            status=r.current_status,
+            failure_codes=r.failure_codes,
+            run_url=reverse("run_detail", args=[project.slug, r.run_id]),
+        )
+        for r in regressions
+    ]
+
+
+def _iso(moment: datetime | None) -> str:
+    return moment.isoformat(timespec="seconds") if moment else ""
+
+
+def regressions_in_runs(project: Project, run_ids: list[int]) -> list[RegressionRow]:
+    wanted = set(run_ids)
+    return [row for row in regression_rows(project) if row.run_id in wanted]
+
+
+def regression_report(
+    project: Project,
+    *,
+    since: datetime | None = None,
+    spec: str = "",
+    branch: str = "",
+) -> RegressionReport:
+    report = RegressionReport(project=project.slug, since=_iso(since) or None)
+    rows = regression_rows(project)
+    if spec:
+        rows = [r for r in rows if r.spec == spec]
+    if branch:
+        rows = [r for r in rows if r.branch == branch]
+    if since is not None:
+        rows = [r for r in rows if r.run_finished and r.run_finished >= _iso(since)]
+    report.rows = rows
+    if not rows:
+        report.empty_reason = _empty_reason(project, since=since, spec=spec, branch=branch)
+    return report
+
+
+def _empty_reason(project: Project, *, since: datetime | None, spec: str, branch: str) -> str:
+    baselines = Baseline.objects.filter(project=project, active=True)
+    if spec:
+        baselines = baselines.filter(spec__slug=spec)
+    if not baselines.exists():
+        where = f"spec {spec}" if spec else "any spec of this project"
+        return f"No active baseline for {where}: promote a run to a baseline to compare against."
+    runs = Run.objects.filter(project=project, status="completed", spec__baselines__active=True)
+    if spec:
+        runs = runs.filter(spec__slug=spec)
+    if branch:
+        runs = runs.filter(branch=branch)
+    if since is not None:
+        runs = runs.filter(finished__gte=since)
+    if not runs.exists():
+        return "No completed run since " + (_iso(since) if since else "the baseline") + "."
+    return "Nothing regressed: every group that passed in its baseline still passes."
+
+
+def report_json(report: RegressionReport) -> str:
+    return json.dumps(report.to_dict(), indent=2)
+
+
+def report_csv(report: RegressionReport) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    for row in report.rows:
+        data = asdict(row)
+        data["failure_codes"] = " ".join(row.failure_codes)
+        writer.writerow([data[c] for c in CSV_COLUMNS])
+    return out.getvalue()
+
+
+def _rate(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def report_markdown(report: RegressionReport, *, base_url: str = "") -> str:
+    """Short enough for a pull request or a chat message; links back to the runs."""
+    title = f"**Keystone regressions: {report.project}**"
+    if report.since:
+        title += f" since {report.since}"
+    if not report.rows:
+        return f"{title}\n\n{report.empty_reason}\n"
+    lines = [title, "", f"{len(report.rows)} regressed group(s):", ""]
+    lines += [
+        "| spec | branch | group | baseline | now | codes | run |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in report.rows:
+        codes = ", ".join(f"`{c}`" for c in row.failure_codes) or "–"
+        lines.append(
+            f"| {row.spec} | {row.branch or '–'} | {row.group} | {_rate(row.baseline_pass_rate)}"
+            f" | {_rate(row.current_pass_rate)} | {codes} | [#{row.run_id}]({base_url}{row.run_url}) |"
+        )
+    return "\n".join(lines) + "\n"
