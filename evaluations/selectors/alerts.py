@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db.models import F, Max, QuerySet
+from django.db.models import F, Max, Q, QuerySet
 
 from checks.results import ERROR_CODES
 from evaluations.models import (
@@ -76,7 +76,11 @@ class Condition:
         return value is not None and OPERATORS[self.op](value, self.threshold)
 
     def __str__(self) -> str:
-        return self.metric if self.is_event else f"{self.metric} {self.op} {self.threshold:g}"
+        if self.is_event:
+            return self.metric
+        # repr keeps every digit (`:g` would round 1000001 to 1e+06); "5.0" reads as "5".
+        number = repr(self.threshold).removesuffix(".0")
+        return f"{self.metric} {self.op} {number}"
 
 
 def parse_condition(text: str) -> Condition:
@@ -159,7 +163,8 @@ def _drift_max(run_ids: list[int]) -> float | None:
     drift = (
         CheckResult.objects.filter(run_id__in=run_ids, check_type="drift")
         .exclude(failure_code__in=[code.value for code in ERROR_CODES])
-        .exclude(details__flag="no_baseline")
+        # Written as an OR: a NOT on a JSON key is NULL (so excluded) where the key is absent.
+        .filter(Q(details__flag__isnull=True) | ~Q(details__flag="no_baseline"))
         .aggregate(worst=Max(1.0 - F("score")))
     )
     return drift["worst"]
