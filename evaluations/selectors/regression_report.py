@@ -13,11 +13,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.urls import reverse
+from django.utils import timezone
 
 from evaluations.models import Baseline, Project, Run
 from evaluations.selectors.regressions import project_regressions
@@ -68,6 +70,28 @@ CSV_COLUMNS = [
     "failure_codes",
     "run_url",
 ]
+
+
+_SINCE = re.compile(r"^(?P<count>\d+)(?P<unit>[hdw])$")
+_UNITS = {"h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_since(text: str, *, now: datetime | None = None) -> datetime | None:
+    """`7d`, `24h`, `2w` (back from now) or an ISO date / time; empty means no limit."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    match = _SINCE.match(text)
+    if match:
+        delta = timedelta(**{_UNITS[match["unit"]]: int(match["count"])})
+        return (now or timezone.now()) - delta
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"since {text!r}: use a period such as 24h, 7d, 2w or a date such as 2026-11-01"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def regression_rows(project: Project) -> list[RegressionRow]:

@@ -15,9 +15,9 @@ from django.shortcuts import redirect, render
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
-from evaluations import charts, policy, selectors, services
+from evaluations import charts, policy, queue, selectors, services
 from evaluations.access import ProjectAccess, project_for, projects_of
-from evaluations.models import RUN_TERMINAL_STATUSES, Role
+from evaluations.models import RUN_TERMINAL_STATUSES, AlertWindow, ChannelKind, Role
 from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
 
 
@@ -275,6 +275,11 @@ def _settings_context(
         "token_user_id": request.user.pk,
         # The operator's policy: read-only here, it is set in the server's environment.
         "server_policy": policy.current().rows(),
+        "alert_rules": selectors.project_alert_rules(project.pk),
+        "alert_channels": list(project.alert_channels.all()),
+        "alert_firings": selectors.project_alert_firings(project.pk),
+        "alert_windows": AlertWindow.choices,
+        "channel_kinds": ChannelKind.choices,
         **extra,
     }
 
@@ -325,3 +330,69 @@ def project_tokens(request: HttpRequest, project_slug: str) -> HttpResponse:
     response = render(request, template, context, status=status)
     response["Cache-Control"] = "no-store"  # the raw token must not sit in a cache
     return response
+
+
+# --- Settings: alert rules, channels and firings ----------------------------------------------
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.replace("\n", ",").split(",") if part.strip()]
+
+
+def _alert_action(request: HttpRequest, access: ProjectAccess) -> str:
+    """Do what the form asks; returns the notice. Raises services.AlertError when refused."""
+    project, post = access.project, request.POST
+    action = post.get("action", "")
+    if action == "channel_add":
+        channel = services.alert_channel_create(
+            project=project,
+            name=post.get("name", ""),
+            kind=post.get("kind", ""),
+            target=post.get("target", ""),
+            secret=post.get("secret", ""),
+        )
+        return f"Channel {channel.name} added."
+    if action == "rule_add":
+        channel_ids = [int(i) for i in post.getlist("channels") if i.isdigit()]
+        rule = services.alert_rule_create(
+            project=project,
+            name=post.get("name", ""),
+            condition=post.get("condition", ""),
+            window=post.get("window", ""),
+            specs=_split(post.get("specs", "")),
+            branches=_split(post.get("branches", "")),
+            channel_ids=channel_ids,
+        )
+        return f"Rule {rule.name} added."
+    target = post.get("id", "")
+    if not target.isdigit():
+        raise services.AlertError(f"unknown action {action!r} or no row chosen")
+    if action == "rule_delete":
+        services.alert_rule_delete(project=project, rule_id=int(target))
+        return "Rule deleted."
+    if action == "channel_delete":
+        services.alert_channel_delete(project=project, channel_id=int(target))
+        return "Channel deleted (with its rules' firings to it)."
+    if action == "resend":
+        if not services.firing_resend(project=project, firing_id=int(target)):
+            raise services.AlertError("only a failed firing can be sent again")
+        queue.firing_deliver_later(int(target))
+        return "Firing queued to be sent again."
+    raise services.AlertError(f"unknown action {action!r}")
+
+
+@login_required
+@require_POST
+def project_alerts(request: HttpRequest, project_slug: str) -> HttpResponse:
+    """Admins add and delete alert channels and rules, and send a failed firing again."""
+    access = project_for(request, project_slug, Role.ADMIN)
+    extra: dict[str, Any] = {"alert_error": "", "alert_notice": ""}
+    status = 200
+    try:
+        extra["alert_notice"] = _alert_action(request, access)
+    except services.AlertError as exc:
+        extra["alert_error"] = str(exc)
+        status = refusal_status(request, 400)
+    context = _settings_context(request, access, **extra)
+    template = page_or_region(request, "projects/settings.html", "alerts")
+    return render(request, template, context, status=status)
