@@ -1,5 +1,6 @@
-"""The embedded worker: with no broker, a loop that polls the database for queued runs and
-pending executions and runs them through the same services the Celery tasks call."""
+"""The embedded worker: with no broker, a loop that polls the database for queued runs,
+pending executions and pending alert firings, and handles them through the same services
+the Celery tasks call."""
 
 from __future__ import annotations
 
@@ -12,16 +13,24 @@ from django.db.models import Q
 from django.utils import timezone
 
 from evaluations import services
-from evaluations.models import Execution, ExecutionStatus, Run, RunStatus
+from evaluations.models import (
+    AlertFiring,
+    Execution,
+    ExecutionStatus,
+    FiringStatus,
+    Run,
+    RunStatus,
+)
 
 logger = logging.getLogger(__name__)
 
 
 def work_once(worker: str, *, after_run: int = 0) -> int | None:
-    """Plan one queued run or execute one pending execution; the id of the run worked on,
-    or None when there was nothing. Executions are taken round-robin over runs (the first
-    run after `after_run` with one ready), so one slow or stuck run never holds the others;
-    an execution waiting out its retry backoff is not ready."""
+    """Plan one queued run, execute one pending execution or send one pending alert
+    firing; the id of the run worked on, or None when there was nothing. Executions are
+    taken round-robin over runs (the first run after `after_run` with one ready), so one
+    slow or stuck run never holds the others; an execution waiting out its retry backoff
+    is not ready."""
     queued = (
         Run.objects.filter(status=RunStatus.QUEUED)
         .order_by("id")
@@ -48,6 +57,15 @@ def work_once(worker: str, *, after_run: int = 0) -> int | None:
         except services.InfrastructureError:
             logger.warning("execution %s could not start; it will be retried", execution_id)
         return run_id
+    firing = (
+        AlertFiring.objects.filter(status=FiringStatus.PENDING)
+        .order_by("id")
+        .values_list("id", "run_id")
+        .first()
+    )
+    if firing is not None:
+        services.firing_deliver(firing_id=firing[0])
+        return firing[1]
     # The same periodic jobs as Celery beat: runs whose finalising was lost, dead leases.
     for run_id in services.run_sweep_stuck(enqueue=False):
         services.run_finalize_if_done(run_id=run_id)

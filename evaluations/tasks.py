@@ -7,7 +7,7 @@ import socket
 
 from celery import shared_task
 
-from evaluations import services
+from evaluations import queue, services
 
 
 @shared_task(acks_late=True)
@@ -49,9 +49,10 @@ def requeue_expired_executions() -> int:
 
 @shared_task(acks_late=True)
 def alerts_evaluate(run_id: int) -> int:
+    # One message per firing: each channel is retried on its own, and in parallel.
     firing_ids = services.alerts_evaluate(run_id=run_id)
     for firing_id in firing_ids:
-        services.firing_deliver(firing_id=firing_id)
+        queue.firing_deliver_later(firing_id)
     return len(firing_ids)
 
 

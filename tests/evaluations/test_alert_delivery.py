@@ -272,3 +272,25 @@ def test_a_finalised_run_that_breaks_a_rule_reaches_the_webhook(
     # Finalising again (a rescore after a review) sends nothing more.
     services.run_finalize(run_id=run.pk)
     assert len(receiver.requests) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_under_serve_the_embedded_worker_sends_what_a_request_left_pending(
+    receiver: Receiver, settings: Any
+) -> None:
+    from evaluations.embedded_worker import work_once
+    from evaluations.tasks import alerts_evaluate
+
+    settings.KEYSTONE_EMBEDDED_WORKER = True
+    project = Project.objects.create(name="Served", slug="served")
+    firing = _firing(project, ChannelKind.WEBHOOK, receiver.url, SECRET)
+    AlertFiring.objects.all().delete()
+    # The task a finalising run enqueues records the firing but sends nothing itself...
+    assert alerts_evaluate(firing.run_id) == 1
+    assert receiver.requests == []
+    assert AlertFiring.objects.get().status == FiringStatus.PENDING
+    # ...the worker loop does, once.
+    assert work_once("tests:embedded") == firing.run_id
+    assert AlertFiring.objects.get().status == FiringStatus.DELIVERED
+    assert work_once("tests:embedded") is None
+    assert len(receiver.requests) == 1
