@@ -834,6 +834,8 @@ class AlertChannel(models.Model):
     kind = models.CharField(max_length=16, choices=ChannelKind.choices)
     target = models.CharField(max_length=1000)
     secret_encrypted = models.TextField(blank=True, default="", editable=False)
+    # Whether the weekly digest goes here too (rules choose their channels themselves).
+    digest = models.BooleanField(default=True)
     created = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -916,3 +918,25 @@ class AlertFiring(models.Model):
 
     def __str__(self) -> str:
         return f"{self.rule_id} on run {self.run_id} -> {self.channel_id}: {self.status}"
+
+
+class Digest(models.Model):
+    """A project's weekly digest for the week ending at `period_end`, written once (the
+    unique constraint: beat and the embedded worker may both find it due) with what each
+    channel answered: {channel name: {status, attempts, error}}."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="digests")
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField()
+    markdown = models.TextField()
+    deliveries = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["-period_end"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "period_end"], name="digest_once_per_period")
+        ]
+
+    def __str__(self) -> str:
+        return f"digest of {self.project_id} to {self.period_end:%Y-%m-%d}"

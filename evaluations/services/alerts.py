@@ -20,7 +20,7 @@ import smtplib
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,15 +233,23 @@ class PermanentDeliveryError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Notification:
-    firing: AlertFiring
+class Message:
+    """One thing to tell one channel, in each channel's shape: `payload` is the webhook's
+    JSON body (with its idempotency key), `slack` a Block Kit message, `subject` and
+    `text` an email."""
+
+    channel: AlertChannel
     payload: dict[str, Any]
+    slack: dict[str, Any]
+    subject: str
+    text: str
 
 
-def _payload(firing: AlertFiring) -> dict[str, Any]:
+def _firing_message_for(firing: AlertFiring) -> Message:
     run, rule = firing.run, firing.rule
     run_url = settings.KEYSTONE_BASE_URL + reverse("run_detail", args=[run.project.slug, run.pk])
-    return {
+    payload = {
+        "kind": "alert",
         "idempotency_key": firing.idempotency_key,
         "project": run.project.slug,
         "rule": {
@@ -255,6 +263,13 @@ def _payload(firing: AlertFiring) -> dict[str, Any]:
         "message": firing.message,
         "fired_at": firing.created.isoformat(timespec="seconds"),
     }
+    return Message(
+        channel=firing.channel,
+        payload=payload,
+        slack=slack_message(payload),
+        subject=f"[Keystone] {rule.name} ({run.project.slug})",
+        text=f"{firing.message}\n\nRun: {run_url}\nIdempotency key: {firing.idempotency_key}\n",
+    )
 
 
 def _post_json(url: str, body: bytes, headers: dict[str, str]) -> None:
@@ -278,10 +293,10 @@ def sign(body: bytes, secret: str) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def _send_webhook(note: Notification) -> None:
-    body = json.dumps(note.payload, sort_keys=True).encode()
-    secret = channel_secret(note.firing.channel)
-    _post_json(note.firing.channel.target, body, {SIGNATURE_HEADER: sign(body, secret)})
+def _send_webhook(message: Message) -> None:
+    body = json.dumps(message.payload, sort_keys=True).encode()
+    secret = channel_secret(message.channel)
+    _post_json(message.channel.target, body, {SIGNATURE_HEADER: sign(body, secret)})
 
 
 def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
@@ -311,19 +326,16 @@ def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _send_slack(note: Notification) -> None:
-    body = json.dumps(slack_message(note.payload)).encode()
-    _post_json(note.firing.channel.target, body, {})
+def _send_slack(message: Message) -> None:
+    _post_json(message.channel.target, json.dumps(message.slack).encode(), {})
 
 
-def _send_email(note: Notification) -> None:
-    payload = note.payload
+def _send_email(message: Message) -> None:
     email = EmailMessage(
-        subject=f"[Keystone] {payload['rule']['name']} ({payload['project']})",
-        body=f"{payload['message']}\n\nRun: {payload['run']['url']}\n"
-        f"Idempotency key: {payload['idempotency_key']}\n",
-        to=[a.strip() for a in note.firing.channel.target.split(",")],
-        headers={"X-Keystone-Idempotency-Key": payload["idempotency_key"]},
+        subject=message.subject,
+        body=message.text,
+        to=[a.strip() for a in message.channel.target.split(",")],
+        headers={"X-Keystone-Idempotency-Key": message.payload["idempotency_key"]},
     )
     try:
         email.send()
@@ -333,11 +345,33 @@ def _send_email(note: Notification) -> None:
         raise TransientDeliveryError(f"mail server: {exc}") from None
 
 
-SENDERS = {
+SENDERS: dict[str, Callable[[Message], None]] = {
     ChannelKind.WEBHOOK: _send_webhook,
     ChannelKind.SLACK: _send_slack,
     ChannelKind.EMAIL: _send_email,
 }
+
+
+def message_send(message: Message, on_attempt: Callable[[int], object] | None = None) -> str:
+    """Send with retries: connection errors and 5xx wait KEYSTONE_ALERT_BACKOFF seconds,
+    doubling, up to KEYSTONE_ALERT_MAX_ATTEMPTS tries. Returns "" or the last error."""
+    delay = settings.KEYSTONE_ALERT_BACKOFF
+    error = ""
+    for attempt in range(1, settings.KEYSTONE_ALERT_MAX_ATTEMPTS + 1):
+        if on_attempt is not None:
+            on_attempt(attempt)
+        try:
+            SENDERS[message.channel.kind](message)
+        except TransientDeliveryError as exc:
+            error = str(exc)
+            if attempt < settings.KEYSTONE_ALERT_MAX_ATTEMPTS:
+                time.sleep(delay)
+                delay *= 2
+            continue
+        except (PermanentDeliveryError, AlertError) as exc:
+            return str(exc)
+        return ""
+    return error
 
 
 def firing_deliver(*, firing_id: int) -> str:
@@ -350,22 +384,11 @@ def firing_deliver(*, firing_id: int) -> str:
     )
     if not claimed:
         return firing.status  # delivered, failed, or another worker is sending it
-    note = Notification(firing=firing, payload=_payload(firing))
-    delay = settings.KEYSTONE_ALERT_BACKOFF
-    error = ""
-    for attempt in range(1, settings.KEYSTONE_ALERT_MAX_ATTEMPTS + 1):
-        AlertFiring.objects.filter(pk=firing_id).update(attempts=attempt)
-        try:
-            SENDERS[ChannelKind(firing.channel.kind)](note)
-        except TransientDeliveryError as exc:
-            error = str(exc)
-            if attempt < settings.KEYSTONE_ALERT_MAX_ATTEMPTS:
-                time.sleep(delay)
-                delay *= 2
-            continue
-        except (PermanentDeliveryError, AlertError) as exc:
-            error = str(exc)
-            break
+    error = message_send(
+        _firing_message_for(firing),
+        on_attempt=lambda n: AlertFiring.objects.filter(pk=firing_id).update(attempts=n),
+    )
+    if not error:
         AlertFiring.objects.filter(pk=firing_id).update(
             status=FiringStatus.DELIVERED, delivered=timezone.now(), last_error=""
         )
