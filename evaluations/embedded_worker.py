@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 from django.db import close_old_connections, connections
 from django.db.models import Q
@@ -77,12 +78,24 @@ def work_once(worker: str, *, after_run: int = 0) -> int | None:
     return Execution.objects.values_list("run_id", flat=True).get(pk=expired[-1])
 
 
+# The periodic jobs Celery beat runs with a broker; the embedded worker runs them itself.
+PERIODIC_SECONDS = 60.0
+
+
+def periodic_once() -> None:
+    services.digests_send_due()
+
+
 def poll_forever(stop: threading.Event, interval: float = 1.0) -> None:
     worker = f"embedded:{os.getpid()}"
     last_run = 0
+    next_periodic = 0.0
     while not stop.is_set():
         close_old_connections()
         try:
+            if time.monotonic() >= next_periodic:
+                next_periodic = time.monotonic() + PERIODIC_SECONDS
+                periodic_once()
             served = work_once(worker, after_run=last_run)
         except Exception:  # keep serving: one bad run must not stop the worker
             logger.exception("embedded worker step failed")

@@ -59,3 +59,8 @@ def alerts_evaluate(run_id: int) -> int:
 @shared_task(acks_late=True)
 def firing_deliver(firing_id: int) -> str:
     return services.firing_deliver(firing_id=firing_id)
+
+
+@shared_task
+def digests_send_due() -> int:
+    return len(services.digests_send_due())

@@ -15,6 +15,11 @@ urlpatterns = [
     path("p/<slug:project_slug>/settings/", projects.project_settings, name="project_settings"),
     path("p/<slug:project_slug>/settings/tokens/", projects.project_tokens, name="project_tokens"),
     path("p/<slug:project_slug>/settings/alerts/", projects.project_alerts, name="project_alerts"),
+    path(
+        "p/<slug:project_slug>/settings/digest/",
+        projects.project_digest_preview,
+        name="project_digest_preview",
+    ),
     path("p/<slug:project_slug>/regressions/", reports.regressions, name="regressions"),
     # Specs
     path("p/<slug:project_slug>/specs/", specs.spec_list, name="spec_list"),

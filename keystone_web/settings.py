@@ -351,11 +351,24 @@ EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
 EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "keystone@localhost")
 
+# The weekly digest goes out on this day at this hour (UTC) to every channel that takes it.
+KEYSTONE_DIGEST_DAY = env_str("KEYSTONE_DIGEST_DAY", "monday").lower()
+KEYSTONE_DIGEST_HOUR = env_int("KEYSTONE_DIGEST_HOUR", 8)
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+if KEYSTONE_DIGEST_DAY not in _WEEKDAYS:
+    raise ImproperlyConfigured(
+        f"KEYSTONE_DIGEST_DAY={KEYSTONE_DIGEST_DAY!r}: use one of {', '.join(_WEEKDAYS)}"
+    )
+if not 0 <= KEYSTONE_DIGEST_HOUR <= 23:
+    raise ImproperlyConfigured(f"KEYSTONE_DIGEST_HOUR={KEYSTONE_DIGEST_HOUR}: use 0 to 23")
 CELERY_BEAT_SCHEDULE = {
     "requeue-expired-executions": {
         "task": "evaluations.tasks.requeue_expired_executions",
         "schedule": max(1.0, KEYSTONE_EXECUTION_LEASE_SECONDS / 2),
-    }
+    },
+    # Every 10 minutes the task asks whether a digest is due; the Digest table's unique
+    # constraint sends each week's once, even with the embedded worker asking too.
+    "weekly-digest": {"task": "evaluations.tasks.digests_send_due", "schedule": 600.0},
 }
 
 # --- Logging ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from evaluations.selectors.alerts import (
     project_alert_rules,
 )
 from evaluations.selectors.bounds import SPEC_RUNS, TREND_RUNS
+from evaluations.selectors.digest import digest_markdown
 from evaluations.selectors.executions import (
     ArtifactText,
     artifact_in_project,
@@ -86,6 +87,7 @@ from evaluations.selectors.trends import (
 )
 
 __all__ = [
+    "digest_markdown",
     "AlertConditionError",
     "RegressionReport",
     "parse_condition",

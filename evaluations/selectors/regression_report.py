@@ -39,6 +39,10 @@ class RegressionRow:
     failure_codes: list[str]
     run_url: str
 
+    @property
+    def finished_at(self) -> datetime | None:
+        return datetime.fromisoformat(self.run_finished) if self.run_finished else None
+
 
 @dataclass(slots=True)
 class RegressionReport:
@@ -144,7 +148,7 @@ def regression_report(
     if branch:
         rows = [r for r in rows if r.branch == branch]
     if since is not None:
-        rows = [r for r in rows if r.run_finished and r.run_finished >= _iso(since)]
+        rows = [r for r in rows if r.finished_at is not None and r.finished_at >= since]
     report.rows = rows
     if not rows:
         report.empty_reason = _empty_reason(project, since=since, spec=spec, branch=branch)

@@ -27,6 +27,7 @@ from evaluations.services.baselines import (
     BaselineError,
     baseline_promote,
 )
+from evaluations.services.digest import digest_due_end, digests_send_due
 from evaluations.services.executions import (
     InfrastructureError,
     execution_claim,
@@ -80,6 +81,8 @@ from evaluations.services.specs import spec_version_create
 from evaluations.services.tokens import TokenError, token_issue, token_revoke
 
 __all__ = [
+    "digest_due_end",
+    "digests_send_due",
     "AlertError",
     "alert_channel_create",
     "alert_channel_delete",

@@ -95,7 +95,13 @@ def _check_target(kind: str, target: str) -> str:
 
 
 def alert_channel_create(
-    *, project: Project, name: str, kind: str, target: str, secret: str = ""
+    *,
+    project: Project,
+    name: str,
+    kind: str,
+    target: str,
+    secret: str = "",
+    digest: bool = True,
 ) -> AlertChannel:
     name = name.strip()
     if not name:
@@ -113,6 +119,7 @@ def alert_channel_create(
         kind=kind,
         target=_check_target(kind, target),
         secret_encrypted=encrypted,
+        digest=digest,
     )
 
 

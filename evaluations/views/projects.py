@@ -7,11 +7,13 @@ import json
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -280,6 +282,8 @@ def _settings_context(
         "alert_firings": selectors.project_alert_firings(project.pk),
         "alert_windows": AlertWindow.choices,
         "channel_kinds": ChannelKind.choices,
+        "digest_day": settings.KEYSTONE_DIGEST_DAY,
+        "digest_hour": settings.KEYSTONE_DIGEST_HOUR,
         **extra,
     }
 
@@ -350,6 +354,7 @@ def _alert_action(request: HttpRequest, access: ProjectAccess) -> str:
             kind=post.get("kind", ""),
             target=post.get("target", ""),
             secret=post.get("secret", ""),
+            digest=post.get("digest") == "on",
         )
         return f"Channel {channel.name} added."
     if action == "rule_add":
@@ -396,3 +401,15 @@ def project_alerts(request: HttpRequest, project_slug: str) -> HttpResponse:
     context = _settings_context(request, access, **extra)
     template = page_or_region(request, "projects/settings.html", "alerts")
     return render(request, template, context, status=status)
+
+
+@login_required
+def project_digest_preview(request: HttpRequest, project_slug: str) -> HttpResponse:
+    """The weekly digest as it would go out now (nothing is sent or stored)."""
+    access = project_for(request, project_slug, Role.ADMIN)
+    preview = selectors.digest_markdown(
+        access.project, end=timezone.now(), base_url=settings.KEYSTONE_BASE_URL
+    )
+    context = _settings_context(request, access, digest_preview=preview)
+    template = page_or_region(request, "projects/settings.html", "digest-preview")
+    return render(request, template, context)

@@ -211,3 +211,19 @@ def test_keystone_report_regressions_refuses_a_bad_project_or_period(
     assert "no project 'nope'" in capsys.readouterr().err
     assert cli.main(["report", "regressions", "--project", "mine", "--since", "7x"]) == 2
     assert "--since '7x'" in capsys.readouterr().err
+
+
+def test_preview_digest_renders_it_on_the_settings_page(two_projects: Any, client_as: Any) -> None:
+    mine = two_projects.mine
+    finished_run(spec_in(mine), finished=timezone.now(), pass_rate=0.5, cost_usd=2.0)
+    client = client_as("admin")
+    page = client.get(reverse("project_settings", args=[mine.slug])).content.decode()
+    assert "Preview digest</button>" in page and 'id="digest-markdown"' not in page
+    region = client.get(
+        reverse("project_digest_preview", args=[mine.slug]), HTTP_HX_REQUEST="true"
+    ).content.decode()
+    assert region.lstrip().startswith('<div id="digest-preview">')
+    assert "# Keystone weekly digest: Mine" in region and "$2.00 over 1 run(s)" in region
+    assert client_as("editor").get(
+        reverse("project_digest_preview", args=[mine.slug])
+    ).status_code in (403, 404)
