@@ -89,7 +89,9 @@ def seed(project: Project) -> None:
     rule = services.alert_rule_create(
         project=project, name="low", condition="pass_rate < 0.6", channel_ids=[channel.pk]
     )
-    for firing_run, status in zip(refund_runs[2:], (FiringStatus.DELIVERED, FiringStatus.FAILED)):
+    for firing_run, status in zip(
+        refund_runs[2:], (FiringStatus.DELIVERED, FiringStatus.FAILED), strict=True
+    ):
         AlertFiring.objects.create(
             project=project,
             rule=rule,
