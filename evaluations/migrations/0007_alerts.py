@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('evaluations', '0005_specversion_base_dir_tool_errors'),
+        ('evaluations', '0006_execution_retry_at'),
     ]
 
     operations = [
