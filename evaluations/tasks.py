@@ -42,8 +42,10 @@ def run_finalize(run_id: int) -> int | None:
 
 @shared_task
 def requeue_expired_executions() -> int:
-    """The periodic sweep: executions of dead workers, and runs whose message was lost."""
+    """The periodic sweep: executions of dead workers, and runs and alert firings whose
+    message was lost."""
     services.run_sweep_stuck()
+    services.firings_send_stale()
     return len(services.execution_requeue_expired())
 
 

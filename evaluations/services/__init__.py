@@ -21,6 +21,7 @@ from evaluations.services.alerts import (
     alerts_evaluate,
     firing_deliver,
     firing_resend,
+    firings_send_stale,
 )
 from evaluations.services.baselines import (
     BASELINE_OUTPUT_MAX_CHARS,
@@ -91,6 +92,7 @@ __all__ = [
     "alerts_evaluate",
     "firing_deliver",
     "firing_resend",
+    "firings_send_stale",
     "BASELINE_OUTPUT_MAX_CHARS",
     "REVIEW_POLICY_DEFAULTS",
     "BaselineError",

@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken
@@ -32,6 +33,7 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
+from evaluations import queue
 from evaluations.models import (
     AlertChannel,
     AlertFiring,
@@ -403,6 +405,20 @@ def firing_deliver(*, firing_id: int) -> str:
     logger.warning("alert firing %s failed: %s", firing_id, error)
     AlertFiring.objects.filter(pk=firing_id).update(status=FiringStatus.FAILED, last_error=error)
     return FiringStatus.FAILED
+
+
+def firings_send_stale() -> list[int]:
+    """Pending firings whose message was lost (the broker was away) are sent again by the
+    periodic sweep; the claim in firing_deliver keeps a merely slow message harmless."""
+    stale = timezone.now() - timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
+    firing_ids = list(
+        AlertFiring.objects.filter(status=FiringStatus.PENDING, created__lt=stale)
+        .order_by("id")
+        .values_list("id", flat=True)[:100]
+    )
+    for firing_id in firing_ids:
+        queue.firing_deliver_later(firing_id)
+    return firing_ids
 
 
 def firing_resend(*, project: Project, firing_id: int) -> int:

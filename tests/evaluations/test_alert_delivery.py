@@ -294,3 +294,24 @@ def test_under_serve_the_embedded_worker_sends_what_a_request_left_pending(
     assert AlertFiring.objects.get().status == FiringStatus.DELIVERED
     assert work_once("tests:embedded") is None
     assert len(receiver.requests) == 1
+
+
+@pytest.mark.django_db
+def test_the_periodic_sweep_sends_a_firing_whose_message_was_lost(
+    project: Project, receiver: Receiver, django_capture_on_commit_callbacks: Any
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from evaluations.tasks import requeue_expired_executions
+
+    firing = _firing(project, ChannelKind.WEBHOOK, receiver.url, SECRET)
+    with django_capture_on_commit_callbacks(execute=True):
+        requeue_expired_executions()
+    assert receiver.requests == []  # a fresh pending firing may still have its message coming
+    AlertFiring.objects.filter(pk=firing.pk).update(created=timezone.now() - timedelta(hours=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        requeue_expired_executions()
+    assert len(receiver.requests) == 1
+    assert AlertFiring.objects.get(pk=firing.pk).status == FiringStatus.DELIVERED
