@@ -383,6 +383,7 @@ def regressions(
     since: str = "",
     spec: str = "",
     branch: str = "",
+    label: str = "",
     format: Literal["json", "md", "csv"] = "json",  # noqa: A002 (the query parameter's name)
 ) -> HttpResponse:
     """What regressed against the active baselines, as the regressions page shows it."""
@@ -393,7 +394,11 @@ def regressions(
         moment = parse_since(since)
     except ValueError as exc:
         raise ApiInputError("since", str(exc)) from None
-    report = selectors.regression_report(caller.project, since=moment, spec=spec, branch=branch)
+    if label and "=" not in label:
+        raise ApiInputError("label", f"{label!r}: write key=value, e.g. model=gpt-4o")
+    report = selectors.regression_report(
+        caller.project, since=moment, spec=spec, branch=branch, label=label
+    )
     if format == "md":
         body = selectors.report_markdown(report, base_url=settings.KEYSTONE_BASE_URL)
         return HttpResponse(body, content_type="text/markdown; charset=utf-8")

@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     regressions.add_argument("--since", default="", help="24h, 7d, 2w or a date (2026-11-01)")
     regressions.add_argument("--spec", default="", metavar="SLUG", help="one spec only")
     regressions.add_argument("--branch", default="", help="one branch only")
+    regressions.add_argument("--label", default="", metavar="KEY=VALUE", help="one run label only")
     regressions.add_argument("--markdown", metavar="FILE", help="write the Markdown report")
     regressions.add_argument("--json", metavar="FILE", help="write the JSON report")
     regressions.add_argument("--csv", metavar="FILE", help="write the CSV report")

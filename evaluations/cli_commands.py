@@ -303,7 +303,14 @@ def cmd_report_regressions(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"keystone report regressions: --{exc}", file=sys.stderr)
         return EXIT_SPEC_INVALID
-    report = selectors.regression_report(project, since=since, spec=args.spec, branch=args.branch)
+    if args.label and "=" not in args.label:
+        print(
+            f"keystone report regressions: --label {args.label!r}: write key=value", file=sys.stderr
+        )
+        return EXIT_SPEC_INVALID
+    report = selectors.regression_report(
+        project, since=since, spec=args.spec, branch=args.branch, label=args.label
+    )
     markdown = selectors.report_markdown(report, base_url=settings.KEYSTONE_BASE_URL)
     outputs = {
         args.markdown: markdown,

@@ -38,6 +38,7 @@ class RegressionRow:
     status: str
     failure_codes: list[str]
     run_url: str
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def finished_at(self) -> datetime | None:
@@ -104,7 +105,7 @@ def regression_rows(project: Project) -> list[RegressionRow]:
     runs = {
         row["id"]: row
         for row in Run.objects.filter(pk__in={r.run_id for r in regressions}).values(
-            "id", "branch", "finished"
+            "id", "branch", "finished", "labels"
         )
     }
     return [
@@ -120,6 +121,7 @@ def regression_rows(project: Project) -> list[RegressionRow]:
             status=r.current_status,
             failure_codes=r.failure_codes,
             run_url=reverse("run_detail", args=[project.slug, r.run_id]),
+            labels={str(k): str(v) for k, v in (runs[r.run_id]["labels"] or {}).items()},
         )
         for r in regressions
     ]
@@ -140,9 +142,14 @@ def regression_report(
     since: datetime | None = None,
     spec: str = "",
     branch: str = "",
+    label: str = "",
 ) -> RegressionReport:
+    """`label` is `key=value` (a run label, e.g. `model=gpt-4o`)."""
     report = RegressionReport(project=project.slug, since=_iso(since) or None)
     rows = regression_rows(project)
+    if label:
+        key, _, value = label.partition("=")
+        rows = [r for r in rows if r.labels.get(key.strip()) == value.strip()]
     if spec:
         rows = [r for r in rows if r.spec == spec]
     if branch:
@@ -152,6 +159,8 @@ def regression_report(
     report.rows = rows
     if not rows:
         report.empty_reason = _empty_reason(project, since=since, spec=spec, branch=branch)
+        if label and report.empty_reason.startswith("Nothing regressed"):
+            report.empty_reason = f"Nothing regressed in runs labelled {label}."
     return report
 
 

@@ -30,20 +30,28 @@ def _export_body(report: selectors.RegressionReport, export: str) -> str:
 def regressions(request: HttpRequest, project_slug: str) -> HttpResponse:
     access = project_for(request, project_slug, Role.VIEWER)
     project = access.project
-    filters = {name: request.GET.get(name, "").strip() for name in ("spec", "branch", "since")}
+    filters = {
+        name: request.GET.get(name, "").strip() for name in ("spec", "branch", "label", "since")
+    }
     export = request.GET.get("format", "")
     error = ""
     try:
         since = parse_since(filters["since"])
     except ValueError as exc:
         error, since = str(exc), None
+    if filters["label"] and "=" not in filters["label"]:
+        error = f"label {filters['label']!r}: write key=value, e.g. model=gpt-4o"
     if export and export not in EXPORTS:
         error = f"format {export!r}: use one of {', '.join(EXPORTS)}"
     if error and export:
         return HttpResponse(error + "\n", status=400, content_type="text/plain")
     status = 400 if error else 200
     report = selectors.regression_report(
-        project, since=since, spec=filters["spec"], branch=filters["branch"]
+        project,
+        since=since,
+        spec=filters["spec"],
+        branch=filters["branch"],
+        label=filters["label"] if not error else "",
     )
     if export:
         response = HttpResponse(_export_body(report, export), content_type=EXPORTS[export])

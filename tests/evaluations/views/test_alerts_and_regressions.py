@@ -227,3 +227,15 @@ def test_preview_digest_renders_it_on_the_settings_page(two_projects: Any, clien
     assert client_as("editor").get(
         reverse("project_digest_preview", args=[mine.slug])
     ).status_code in (403, 404)
+
+
+def test_the_report_filters_by_run_label(two_projects: Any, client_as: Any, regressed: Any) -> None:
+    regressed.labels = {"model": "gpt-4o"}
+    regressed.save()
+    client = client_as("viewer")
+    labelled = client.get(report_url(two_projects.mine, label="model=gpt-4o")).content.decode()
+    assert "CONTAINS_FAILED" in labelled
+    other = client.get(report_url(two_projects.mine, label="model=claude")).content.decode()
+    assert "Nothing regressed in runs labelled model=claude." in other
+    refused = client.get(report_url(two_projects.mine, label="gpt-4o"))
+    assert refused.status_code == 400 and "write key=value" in refused.content.decode()
