@@ -905,6 +905,8 @@ class AlertFiring(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     created = models.DateTimeField(default=timezone.now, editable=False)
+    # When a worker claimed it: a firing `sending` for too long lost its worker.
+    sending_since = models.DateTimeField(null=True, blank=True)
     delivered = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -386,7 +386,7 @@ def message_send(message: Message, on_attempt: Callable[[int], object] | None = 
 def firing_deliver(*, firing_id: int) -> str:
     """Send one pending firing, retrying transient failures; returns its final status."""
     claimed = AlertFiring.objects.filter(pk=firing_id, status=FiringStatus.PENDING).update(
-        status=FiringStatus.SENDING
+        status=FiringStatus.SENDING, sending_since=timezone.now()
     )
     firing = AlertFiring.objects.select_related("rule", "channel", "run__spec", "run__project").get(
         pk=firing_id
@@ -407,9 +407,26 @@ def firing_deliver(*, firing_id: int) -> str:
     return FiringStatus.FAILED
 
 
+def _longest_delivery() -> timedelta:
+    tries = settings.KEYSTONE_ALERT_MAX_ATTEMPTS
+    waits = settings.KEYSTONE_ALERT_BACKOFF * (2 ** max(tries - 1, 0) - 1)
+    return timedelta(seconds=tries * settings.KEYSTONE_ALERT_TIMEOUT + waits + 60)
+
+
 def firings_send_stale() -> list[int]:
     """Pending firings whose message was lost (the broker was away) are sent again by the
-    periodic sweep; the claim in firing_deliver keeps a merely slow message harmless."""
+    periodic sweep; the claim in firing_deliver keeps a merely slow message harmless. A
+    firing still `sending` long after every try would have ended lost its worker: it is
+    marked failed, to be sent again by a person (it may have reached the receiver, whose
+    idempotency key tells), rather than silently sent twice or never."""
+    interrupted = AlertFiring.objects.filter(
+        status=FiringStatus.SENDING, sending_since__lt=timezone.now() - _longest_delivery()
+    ).update(
+        status=FiringStatus.FAILED,
+        last_error="delivery interrupted: the worker stopped while sending; send again",
+    )
+    if interrupted:
+        logger.warning("%s alert firing(s) interrupted while sending", interrupted)
     stale = timezone.now() - timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
     firing_ids = list(
         AlertFiring.objects.filter(status=FiringStatus.PENDING, created__lt=stale)

@@ -315,3 +315,29 @@ def test_the_periodic_sweep_sends_a_firing_whose_message_was_lost(
         requeue_expired_executions()
     assert len(receiver.requests) == 1
     assert AlertFiring.objects.get(pk=firing.pk).status == FiringStatus.DELIVERED
+
+
+@pytest.mark.django_db
+def test_a_firing_whose_worker_died_while_sending_is_shown_failed(
+    project: Project, receiver: Receiver
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    firing = _firing(project, ChannelKind.WEBHOOK, receiver.url, SECRET)
+    # Claimed by a worker that then died: `sending` since long before every try could end.
+    AlertFiring.objects.filter(pk=firing.pk).update(
+        status=FiringStatus.SENDING, sending_since=timezone.now() - timedelta(hours=1)
+    )
+    services.firings_send_stale()
+    firing.refresh_from_db()
+    assert firing.status == FiringStatus.FAILED
+    assert firing.last_error.startswith("delivery interrupted")
+    assert receiver.requests == []  # not sent again behind anyone's back
+    # A firing claimed just now is left to its worker.
+    AlertFiring.objects.filter(pk=firing.pk).update(
+        status=FiringStatus.SENDING, sending_since=timezone.now()
+    )
+    services.firings_send_stale()
+    assert AlertFiring.objects.get(pk=firing.pk).status == FiringStatus.SENDING
