@@ -881,6 +881,19 @@ class AlertRule(models.Model):
         return f"{self.name}: {self.condition} over {self.window}"
 
 
+class AlertEvaluation(models.Model):
+    """That a finalised run's rules were evaluated: the sweep evaluates a completed run that
+    has none (its message was lost while the broker was away)."""
+
+    run = models.OneToOneField(
+        Run, on_delete=models.CASCADE, primary_key=True, related_name="alert_evaluation"
+    )
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    def __str__(self) -> str:
+        return f"alerts evaluated for run {self.run_id}"
+
+
 class FiringStatus(models.TextChoices):
     PENDING = "pending"
     SENDING = "sending"

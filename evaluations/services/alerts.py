@@ -36,6 +36,7 @@ from django.utils import timezone
 from evaluations import queue
 from evaluations.models import (
     AlertChannel,
+    AlertEvaluation,
     AlertFiring,
     AlertRule,
     AlertWindow,
@@ -209,6 +210,7 @@ def alerts_evaluate(*, run_id: int) -> list[int]:
             ],
             ignore_conflicts=True,
         )
+    AlertEvaluation.objects.get_or_create(run=run)
     return list(
         AlertFiring.objects.filter(run=run, status=FiringStatus.PENDING).values_list(
             "id", flat=True
@@ -414,8 +416,8 @@ def _longest_delivery() -> timedelta:
 
 
 def firings_send_stale() -> list[int]:
-    """Pending firings whose message was lost (the broker was away) are sent again by the
-    periodic sweep; the claim in firing_deliver keeps a merely slow message harmless. A
+    """Runs whose alert evaluation, and pending firings whose delivery, was lost (the broker
+    was away) are sent again by the periodic sweep; the claim in firing_deliver keeps a merely slow message harmless. A
     firing still `sending` long after every try would have ended lost its worker: it is
     marked failed, to be sent again by a person (it may have reached the receiver, whose
     idempotency key tells), rather than silently sent twice or never."""
@@ -428,6 +430,19 @@ def firings_send_stale() -> list[int]:
     if interrupted:
         logger.warning("%s alert firing(s) interrupted while sending", interrupted)
     stale = timezone.now() - timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
+    # Runs finalised in the last day whose evaluation never happened, in projects with rules.
+    for run_id in (
+        Run.objects.filter(
+            status=RunStatus.COMPLETED,
+            finished__lt=stale,
+            finished__gt=timezone.now() - timedelta(days=1),
+            alert_evaluation__isnull=True,
+            project__alert_rules__enabled=True,
+        )
+        .distinct()
+        .values_list("id", flat=True)[:100]
+    ):
+        queue.alerts_evaluate_later(run_id)
     firing_ids = list(
         AlertFiring.objects.filter(status=FiringStatus.PENDING, created__lt=stale)
         .order_by("id")

@@ -341,3 +341,33 @@ def test_a_firing_whose_worker_died_while_sending_is_shown_failed(
     )
     services.firings_send_stale()
     assert AlertFiring.objects.get(pk=firing.pk).status == FiringStatus.SENDING
+
+
+@pytest.mark.django_db
+def test_the_sweep_evaluates_a_run_whose_evaluation_message_was_lost(
+    project: Project, receiver: Receiver, django_capture_on_commit_callbacks: Any
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from evaluations.models import AlertEvaluation
+
+    channel = services.alert_channel_create(
+        project=project, name="hook", kind="webhook", target=receiver.url, secret=SECRET
+    )
+    services.alert_rule_create(
+        project=project, name="low", condition="pass_rate < 0.9", channel_ids=[channel.pk]
+    )
+    # Finalised ten minutes ago; the alerts message never arrived (the broker was away).
+    lost = finished_run(
+        spec_in(project), finished=timezone.now() - timedelta(minutes=10), pass_rate=0.5
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        services.firings_send_stale()
+    assert AlertEvaluation.objects.filter(run=lost).exists()
+    assert AlertFiring.objects.get().status == FiringStatus.DELIVERED
+    assert len(receiver.requests) == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        services.firings_send_stale()  # evaluated once: nothing more
+    assert len(receiver.requests) == 1
