@@ -32,7 +32,7 @@ from tests.evaluations.alert_history import (
     spec_in,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 
 # --- The condition grammar ---------------------------------------------------------------

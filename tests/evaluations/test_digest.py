@@ -34,7 +34,7 @@ EXPECTED = Path(__file__).parent / "data" / "digest_expected.md"
 # Monday 23 November 2026, 08:00 UTC: the default digest moment.
 WEEK_END = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 
 def seed(project: Project) -> None:
