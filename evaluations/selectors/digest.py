@@ -1,4 +1,4 @@
-"""The weekly digest of a project, as Markdown: what regressed, the trend of pass rate and
+"""The weekly digest of a project, as Markdown: what regressed and recovered, the trend of pass rate and
 resilience per spec (a text sparkline), the review backlog and judge-human kappa per judge
 version, the alerts that fired, and the cost of the week.
 
@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Q
 
 from evaluations.models import AlertFiring, FiringStatus, Project, ReviewItem, ReviewStatus, Run
-from evaluations.selectors.regression_report import regression_rows
+from evaluations.selectors.regression_report import regression_changes
 from evaluations.selectors.reviews import review_agreement
 
 DIGEST_PERIOD = timedelta(days=7)
@@ -53,12 +53,13 @@ def digest_markdown(project: Project, *, end: datetime, base_url: str = "") -> s
         "",
         f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC · {len(runs)} completed run(s)",
         "",
-        "## Regressions",
+        "## Regressions and recoveries",
         "",
     ]
-    regressions = [
-        r for r in regression_rows(project) if r.finished_at and start < r.finished_at <= end
-    ]
+    regressions, recoveries = (
+        [r for r in rows if r.finished_at and start < r.finished_at <= end]
+        for rows in regression_changes(project)
+    )
     for row in regressions:
         codes = ", ".join(f"`{c}`" for c in row.failure_codes) or "no failure code"
         branch = f" ({row.branch})" if row.branch else ""
@@ -68,6 +69,12 @@ def digest_markdown(project: Project, *, end: datetime, base_url: str = "") -> s
         )
     if not regressions:
         lines.append("Nothing regressed against the active baselines this week.")
+    for row in recoveries:
+        branch = f" ({row.branch})" if row.branch else ""
+        lines.append(
+            f"- Recovered: **{row.spec}**{branch} {row.group}: {_pct(row.baseline_pass_rate)} → "
+            f"{_pct(row.current_pass_rate)} · [run #{row.run_id}]({base_url}{row.run_url})"
+        )
     lines += ["", "## Trend per spec", ""]
     by_spec: dict[str, list[tuple[float | None, float | None]]] = defaultdict(list)
     for slug, run_pass_rate, run_resilience, _ in runs:

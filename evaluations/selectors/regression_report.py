@@ -22,7 +22,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from evaluations.models import Baseline, Project, Run
-from evaluations.selectors.regressions import project_regressions
+from evaluations.selectors.regressions import Regression, project_group_changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,8 @@ class RegressionReport:
     project: str
     since: str | None
     rows: list[RegressionRow] = field(default_factory=list)
+    # Groups that failed in the baseline and pass now, listed below the regressions.
+    improvements: list[RegressionRow] = field(default_factory=list)
     # Why the report is empty, when it is: no baseline, no run since, nothing regressed.
     empty_reason: str = ""
 
@@ -59,10 +61,12 @@ class RegressionReport:
             "since": self.since,
             "empty_reason": self.empty_reason,
             "regressions": [asdict(row) for row in self.rows],
+            "improvements": [asdict(row) for row in self.improvements],
         }
 
 
 CSV_COLUMNS = [
+    "change",
     "spec",
     "branch",
     "baseline",
@@ -99,32 +103,40 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def regression_rows(project: Project) -> list[RegressionRow]:
-    """Every current regression of the project (the function issue 14's verdicts replace)."""
-    regressions = project_regressions(project)
+def regression_changes(project: Project) -> tuple[list[RegressionRow], list[RegressionRow]]:
+    """(regressions, improvements) of the project now: the function issue 14's verdicts
+    replace."""
+    regressions, improvements = project_group_changes(project)
     runs = {
         row["id"]: row
-        for row in Run.objects.filter(pk__in={r.run_id for r in regressions}).values(
-            "id", "branch", "finished", "labels"
-        )
+        for row in Run.objects.filter(
+            pk__in={r.run_id for r in [*regressions, *improvements]}
+        ).values("id", "branch", "finished", "labels")
     }
-    return [
-        RegressionRow(
+
+    def row(r: Regression) -> RegressionRow:
+        run = runs[r.run_id]
+        return RegressionRow(
             spec=r.spec_slug,
-            branch=runs[r.run_id]["branch"],
+            branch=run["branch"],
             baseline=r.baseline_name,
             run_id=r.run_id,
-            run_finished=_iso(runs[r.run_id]["finished"]),
+            run_finished=_iso(run["finished"]),
             group=r.group,
             baseline_pass_rate=r.baseline_pass_rate,
             current_pass_rate=r.current_pass_rate,
             status=r.current_status,
             failure_codes=r.failure_codes,
             run_url=reverse("run_detail", args=[project.slug, r.run_id]),
-            labels={str(k): str(v) for k, v in (runs[r.run_id]["labels"] or {}).items()},
+            labels={str(k): str(v) for k, v in (run["labels"] or {}).items()},
         )
-        for r in regressions
-    ]
+
+    return [row(r) for r in regressions], [row(r) for r in improvements]
+
+
+def regression_rows(project: Project) -> list[RegressionRow]:
+    """Every current regression of the project (alerts and the digest read these)."""
+    return regression_changes(project)[0]
 
 
 def _iso(moment: datetime | None) -> str:
@@ -146,18 +158,20 @@ def regression_report(
 ) -> RegressionReport:
     """`label` is `key=value` (a run label, e.g. `model=gpt-4o`)."""
     report = RegressionReport(project=project.slug, since=_iso(since) or None)
-    rows = regression_rows(project)
-    if label:
-        key, _, value = label.partition("=")
-        rows = [r for r in rows if r.labels.get(key.strip()) == value.strip()]
-    if spec:
-        rows = [r for r in rows if r.spec == spec]
-    if branch:
-        rows = [r for r in rows if r.branch == branch]
-    if since is not None:
-        rows = [r for r in rows if r.finished_at is not None and r.finished_at >= since]
-    report.rows = rows
-    if not rows:
+    key, _, value = label.partition("=")
+
+    def wanted(row: RegressionRow) -> bool:
+        return (
+            (not label or row.labels.get(key.strip()) == value.strip())
+            and (not spec or row.spec == spec)
+            and (not branch or row.branch == branch)
+            and (since is None or (row.finished_at is not None and row.finished_at >= since))
+        )
+
+    regressions, improvements = regression_changes(project)
+    report.rows = [r for r in regressions if wanted(r)]
+    report.improvements = [r for r in improvements if wanted(r)]
+    if not report.rows:
         report.empty_reason = _empty_reason(project, since=since, spec=spec, branch=branch)
         if label and report.empty_reason.startswith("Nothing regressed"):
             report.empty_reason = f"Nothing regressed in runs labelled {label}."
@@ -191,10 +205,10 @@ def report_csv(report: RegressionReport) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(CSV_COLUMNS)
-    for row in report.rows:
-        data = asdict(row)
-        data["failure_codes"] = " ".join(row.failure_codes)
-        writer.writerow([data[c] for c in CSV_COLUMNS])
+    for change, rows in (("regressed", report.rows), ("improved", report.improvements)):
+        for row in rows:
+            data = {**asdict(row), "change": change, "failure_codes": " ".join(row.failure_codes)}
+            writer.writerow([data[c] for c in CSV_COLUMNS])
     return out.getvalue()
 
 
@@ -207,17 +221,25 @@ def report_markdown(report: RegressionReport, *, base_url: str = "") -> str:
     title = f"**Keystone regressions: {report.project}**"
     if report.since:
         title += f" since {report.since}"
+    lines = [title, ""]
     if not report.rows:
-        return f"{title}\n\n{report.empty_reason}\n"
-    lines = [title, "", f"{len(report.rows)} regressed group(s):", ""]
-    lines += [
-        "| spec | branch | group | baseline | now | codes | run |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in report.rows:
-        codes = ", ".join(f"`{c}`" for c in row.failure_codes) or "–"
-        lines.append(
-            f"| {row.spec} | {row.branch or '–'} | {row.group} | {_rate(row.baseline_pass_rate)}"
-            f" | {_rate(row.current_pass_rate)} | {codes} | [#{row.run_id}]({base_url}{row.run_url}) |"
+        lines.append(report.empty_reason)
+    else:
+        lines += [f"{len(report.rows)} regressed group(s):", ""]
+        lines += [
+            "| spec | branch | group | baseline | now | codes | run |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in report.rows:
+            codes = ", ".join(f"`{c}`" for c in row.failure_codes) or "–"
+            lines.append(
+                f"| {row.spec} | {row.branch or '–'} | {row.group} | {_rate(row.baseline_pass_rate)}"
+                f" | {_rate(row.current_pass_rate)} | {codes} | [#{row.run_id}]({base_url}{row.run_url}) |"
+            )
+    if report.improvements:
+        improved = ", ".join(
+            f"{row.spec} {row.group} ([#{row.run_id}]({base_url}{row.run_url}))"
+            for row in report.improvements
         )
+        lines += ["", f"Improved ({len(report.improvements)}): {improved}"]
     return "\n".join(lines) + "\n"

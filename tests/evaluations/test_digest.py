@@ -38,8 +38,9 @@ pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 
 def seed(project: Project) -> None:
-    """Two specs over the week: refund-agent falls from 100% to 0% (a regression against
-    its baseline) on main; search-agent improves. Review items, kappa, firings, costs."""
+    """Three specs over the week: refund-agent falls from 100% to 0% (a regression against
+    its baseline) on main; search-agent improves; triage-agent recovers against its baseline.
+    Review items, kappa, firings, costs."""
     refund, search = spec_in(project), spec_in(project, "search-agent")
     reference = finished_run(
         refund, finished=WEEK_END - timedelta(days=9), groups=PASSING, pass_rate=1.0
@@ -67,6 +68,13 @@ def seed(project: Project) -> None:
             resilience=None,
             cost_usd=1.25,
         )
+    # triage-agent failed in its baseline and passes now: a recovery.
+    triage = spec_in(project, "triage-agent")
+    failed = finished_run(triage, finished=WEEK_END - timedelta(days=8), groups=FAILING)
+    baseline_of(triage, failed, FAILING)
+    finished_run(
+        triage, finished=WEEK_END - timedelta(days=2), groups=PASSING, pass_rate=1.0, cost_usd=0.25
+    )
     # Outside the week: not counted.
     finished_run(search, finished=WEEK_END + timedelta(hours=1), pass_rate=0.0, cost_usd=99.0)
     # Review: two open items, one in adjudication, and four graded items of one judge.
@@ -106,12 +114,13 @@ def seed(project: Project) -> None:
 def test_the_digest_of_a_seeded_project_matches_the_stored_markdown(project: Project) -> None:
     seed(project)
     text = digest_markdown(project, end=WEEK_END, base_url="https://keystone.example.com")
-    # The run ids differ between databases and runs: the stored file says RUN.
-    regressed = project.runs.filter(branch="main").order_by("-finished").first()
-    assert regressed is not None
-    text = text.replace(f"/runs/{regressed.pk}/", "/runs/RUN/").replace(
-        f"run #{regressed.pk}", "run #RUN"
-    )
+    # The run ids differ between databases and runs: the stored file names the runs.
+    for name, slug in (("REGRESSED", "refund-agent"), ("RECOVERED", "triage-agent")):
+        latest = project.runs.filter(spec__slug=slug).order_by("-finished").first()
+        assert latest is not None
+        text = text.replace(f"/runs/{latest.pk}/", f"/runs/{name}/").replace(
+            f"run #{latest.pk}", f"run #{name}"
+        )
     assert text == EXPECTED.read_text(encoding="utf-8")
 
 

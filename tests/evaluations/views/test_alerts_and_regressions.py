@@ -239,3 +239,28 @@ def test_the_report_filters_by_run_label(two_projects: Any, client_as: Any, regr
     assert "Nothing regressed in runs labelled model=claude." in other
     refused = client.get(report_url(two_projects.mine, label="gpt-4o"))
     assert refused.status_code == 400 and "write key=value" in refused.content.decode()
+
+
+def test_improvements_are_listed_below_the_regressions(
+    two_projects: Any, client_as: Any, regressed: Any
+) -> None:
+    mine = two_projects.mine
+    other = spec_in(mine, "triage-agent")
+    failed = finished_run(other, finished=timezone.now() - timedelta(days=5), groups=FAILING)
+    baseline_of(other, failed, FAILING)
+    recovered = finished_run(other, finished=timezone.now(), groups=PASSING)
+    client = client_as("viewer")
+    page = client.get(report_url(mine)).content.decode()
+    assert page.index("CONTAINS_FAILED") < page.index('id="improvements"')
+    assert f"#{recovered.pk}</a>" in page[page.index('id="improvements"') :]
+    data = json.loads(client.get(report_url(mine, format="json")).content)
+    assert [r["run_id"] for r in data["improvements"]] == [recovered.pk]
+    rows = list(
+        csv.DictReader(io.StringIO(client.get(report_url(mine, format="csv")).content.decode()))
+    )
+    assert [(r["change"], r["spec"]) for r in rows] == [
+        ("regressed", "refund-agent"),
+        ("improved", "triage-agent"),
+    ]
+    markdown = client.get(report_url(mine, format="md")).content.decode()
+    assert f"Improved (1): triage-agent no-chaos / prompt 0 ([#{recovered.pk}]" in markdown
