@@ -19,7 +19,6 @@ import pytest
 
 from evaluations import services
 from evaluations.models import AlertFiring, Membership, Project, Role, Run
-from tests.evaluations.execution_helpers import run_spec
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -58,6 +57,13 @@ def receiver() -> Iterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
     server.server_close()
 
 
+def _wait_until(condition: Any, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "gave up waiting for the embedded worker"
+        time.sleep(0.2)
+
+
 def test_admin_creates_a_rule_runs_a_regressing_spec_and_sees_the_firing(
     browse: Any,
     embedded_worker: None,
@@ -69,8 +75,10 @@ def test_admin_creates_a_rule_runs_a_regressing_spec_and_sees_the_firing(
     project = Project.objects.create(name="Agents", slug="agents")
     admin = django_user_model.objects.create_user(username="ada", password="pw-ada-12345")
     Membership.objects.create(project=project, user=admin, role=Role.ADMIN)
-    # Version 1 refunds: its run is the baseline.
-    reference = run_spec(project, SPEC % "refunded", spec_dir=tmp_path)
+    # Version 1 refunds: its run, executed by the embedded worker, is the baseline.
+    version = services.spec_version_create(project=project, source_yaml=SPEC % "refunded")
+    reference = services.run_create(spec_version=version, spec_dir=str(tmp_path))
+    _wait_until(lambda: Run.objects.get(pk=reference.pk).status == "completed")
     services.baseline_promote(run_id=reference.pk, user=admin, name="release-1")
     page, base = browse.page, browse.base_url
     browse.login("ada", "pw-ada-12345")
@@ -98,10 +106,7 @@ def test_admin_creates_a_rule_runs_a_regressing_spec_and_sees_the_firing(
     run = Run.objects.exclude(pk=reference.pk).get(project=project)
 
     # The embedded worker sends the firing; the settings page shows it delivered.
-    deadline = time.monotonic() + 30
-    while not AlertFiring.objects.filter(status="delivered").exists():
-        assert time.monotonic() < deadline, list(AlertFiring.objects.values())
-        time.sleep(0.2)
+    _wait_until(lambda: AlertFiring.objects.filter(status="delivered").exists())
     page.goto(f"{base}/p/agents/settings/")
     row = page.locator("#alert-firings tr[data-status=delivered]")
     assert "anything regressed" in row.inner_text() and f"#{run.pk}" in row.inner_text()
