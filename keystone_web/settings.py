@@ -379,7 +379,13 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # Kaleido's browser driver logs every step of a digest chart at INFO.
+        "choreographer": {"level": "WARNING"},
+        "kaleido": {"level": "WARNING"},
+        "logistro": {"level": "WARNING"},
+    },
 }
 if CELERY_TASK_ALWAYS_EAGER:
     # With no broker the tasks run in the calling process: kombu's warning about the unused

@@ -2,12 +2,14 @@
 resilience per spec (a text sparkline), the review backlog and judge-human kappa per judge
 version, the alerts that fired, and the cost of the week.
 
-Plotly's static export needs Kaleido and a browser, which these machines do not run
-offline, so the trend is a text sparkline that reads the same in email, Slack and a PR.
+The trend is a text sparkline, which reads the same in email, Slack and a PR; email also
+gets a PNG chart made with Plotly's static export (Kaleido driving the machine's Chromium,
+offline), and goes without it, saying so in the log, when that export fails.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
 
@@ -16,6 +18,8 @@ from django.db.models import Count, Q
 from evaluations.models import AlertFiring, FiringStatus, Project, ReviewItem, ReviewStatus, Run
 from evaluations.selectors.regression_report import regression_changes
 from evaluations.selectors.reviews import review_agreement
+
+logger = logging.getLogger(__name__)
 
 DIGEST_PERIOD = timedelta(days=7)
 SPARK = "▁▂▃▄▅▆▇█"
@@ -126,3 +130,42 @@ def digest_markdown(project: Project, *, end: datetime, base_url: str = "") -> s
         "",
     ]
     return "\n".join(lines)
+
+
+def digest_chart_png(project: Project, *, end: datetime) -> bytes | None:
+    """Pass rate and resilience per spec over the week as a PNG; None with no run to draw
+    or when the static export cannot run here."""
+    import plotly.graph_objects as go
+
+    rows = list(
+        Run.objects.filter(
+            project=project, status="completed", finished__gt=end - DIGEST_PERIOD, finished__lte=end
+        )
+        .order_by("finished", "id")
+        .values_list("spec__slug", "finished", "pass_rate", "resilience")
+    )
+    if not rows:
+        return None
+    figure = go.Figure()
+    for slug in sorted({row[0] for row in rows}):
+        runs = [row for row in rows if row[0] == slug]
+        for index, metric in ((2, "pass rate"), (3, "resilience")):
+            figure.add_trace(
+                go.Scatter(
+                    x=[row[1] for row in runs],
+                    y=[row[index] for row in runs],
+                    mode="lines+markers",
+                    name=f"{slug} {metric}",
+                    line={"dash": "solid" if index == 2 else "dot"},
+                )
+            )
+    figure.update_layout(
+        title=f"{project.name}: the week to {end:%Y-%m-%d}",
+        yaxis={"range": [0, 1.05], "tickformat": ".0%"},
+        margin={"l": 50, "r": 20, "t": 50, "b": 40},
+    )
+    try:
+        return bytes(figure.to_image(format="png", width=800, height=360))
+    except Exception as exc:  # no Kaleido or no Chromium here: the text sparkline stays
+        logger.warning("digest chart not drawn: %s: %s", type(exc).__name__, exc)
+        return None

@@ -254,6 +254,8 @@ class Message:
     slack: dict[str, Any]
     subject: str
     text: str
+    # (file name, content, MIME type), for email only.
+    attachments: tuple[tuple[str, bytes, str], ...] = ()
 
 
 def _firing_message_for(firing: AlertFiring) -> Message:
@@ -348,6 +350,8 @@ def _send_email(message: Message) -> None:
         to=[a.strip() for a in message.channel.target.split(",")],
         headers={"X-Keystone-Idempotency-Key": message.payload["idempotency_key"]},
     )
+    for name, content, mimetype in message.attachments:
+        email.attach(name, content, mimetype)
     try:
         email.send()
     except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused) as exc:

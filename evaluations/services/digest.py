@@ -15,8 +15,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from evaluations.models import AlertChannel, Digest, Project
-from evaluations.selectors.digest import DIGEST_PERIOD, digest_markdown
+from evaluations.models import AlertChannel, ChannelKind, Digest, Project
+from evaluations.selectors.digest import DIGEST_PERIOD, digest_chart_png, digest_markdown
 from evaluations.services.alerts import Message, message_send
 
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -63,6 +63,9 @@ def digests_send_due(*, now: datetime | None = None) -> list[int]:
 def digest_deliver(digest: Digest) -> None:
     project = digest.project
     deliveries = {}
+    chart: bytes | None = None
+    if project.alert_channels.filter(digest=True, kind=ChannelKind.EMAIL).exists():
+        chart = digest_chart_png(project, end=digest.period_end)
     for channel in project.alert_channels.filter(digest=True).order_by("name"):
         key = hashlib.sha256(f"keystone-digest:{digest.pk}:{channel.pk}".encode()).hexdigest()
         title = f"Keystone weekly digest: {project.name} (to {digest.period_end:%Y-%m-%d})"
@@ -85,6 +88,7 @@ def digest_deliver(digest: Digest) -> None:
             },
             subject=f"[Keystone] {title}",
             text=digest.markdown,
+            attachments=(("trend.png", chart, "image/png"),) if chart else (),
         )
         attempts = 0
 

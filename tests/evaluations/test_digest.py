@@ -161,6 +161,10 @@ def test_the_digest_is_sent_once_to_the_channels_that_take_it(
     assert sent.to == ["ops@example.com"] and "weekly digest" in sent.subject
     digest = Digest.objects.get(pk=digest_id)
     assert sent.body == digest.markdown
+    # The week's trend as a PNG made by Plotly's static export (Kaleido + Chromium, offline).
+    ((name, content, mimetype),) = sent.attachments
+    assert (name, mimetype) == ("trend.png", "image/png")
+    assert content.startswith(b"\x89PNG\r\n\x1a\n") and len(content) > 5000
     assert digest.deliveries == {"ops": {"status": "delivered", "attempts": 1, "error": ""}}
     # Two days late (the server was down): not sent stale.
     Digest.objects.all().delete()
