@@ -38,6 +38,8 @@ class RegressionRow:
     status: str
     failure_codes: list[str]
     run_url: str
+    # The compare page: this run against its spec's baseline, cell by cell, with p-values.
+    compare_url: str = ""
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -78,6 +80,7 @@ CSV_COLUMNS = [
     "status",
     "failure_codes",
     "run_url",
+    "compare_url",
 ]
 
 
@@ -128,6 +131,7 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
             status=r.current_status,
             failure_codes=r.failure_codes,
             run_url=reverse("run_detail", args=[project.slug, r.run_id]),
+            compare_url=reverse("run_compare", args=[project.slug, r.run_id]),
             labels={str(k): str(v) for k, v in (run["labels"] or {}).items()},
         )
 
@@ -234,7 +238,8 @@ def report_markdown(report: RegressionReport, *, base_url: str = "") -> str:
             codes = ", ".join(f"`{c}`" for c in row.failure_codes) or "–"
             lines.append(
                 f"| {row.spec} | {row.branch or '–'} | {row.group} | {_rate(row.baseline_pass_rate)}"
-                f" | {_rate(row.current_pass_rate)} | {codes} | [#{row.run_id}]({base_url}{row.run_url}) |"
+                f" | {_rate(row.current_pass_rate)} | {codes} | [#{row.run_id}]({base_url}{row.run_url})"
+                f" · [compare]({base_url}{row.compare_url}) |"
             )
     if report.improvements:
         improved = ", ".join(
