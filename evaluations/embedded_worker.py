@@ -83,6 +83,7 @@ PERIODIC_SECONDS = 60.0
 
 
 def periodic_once() -> None:
+    services.firings_send_stale()  # lost alert evaluations, firings a dead worker was sending
     services.digests_send_due()
 
 
