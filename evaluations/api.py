@@ -371,3 +371,112 @@ def run_cancel(request: HttpRequest, slug: str, run_id: int) -> Status[RunCancel
     services.run_cancel(run_id=run.pk)
     status = Run.objects.values_list("status", flat=True).get(pk=run.pk)
     return Status(202, RunCancelOut(id=run.pk, status=status))
+
+
+# --- Regressions and alert rules (docs/alerts.md) ------------------------------------------
+
+
+@router.get("/projects/{slug}/regressions", url_name="regressions")
+def regressions(
+    request: HttpRequest,
+    slug: str,
+    since: str = "",
+    spec: str = "",
+    branch: str = "",
+    label: str = "",
+    format: Literal["json", "md", "csv"] = "json",  # noqa: A002 (the query parameter's name)
+) -> HttpResponse:
+    """What regressed against the active baselines, as the regressions page shows it."""
+    from evaluations.selectors.regression_report import parse_since
+
+    caller = _caller(request, slug, Role.VIEWER)
+    try:
+        moment = parse_since(since)
+    except ValueError as exc:
+        raise ApiInputError("since", str(exc)) from None
+    if label and "=" not in label:
+        raise ApiInputError("label", f"{label!r}: write key=value, e.g. model=gpt-4o")
+    report = selectors.regression_report(
+        caller.project, since=moment, spec=spec, branch=branch, label=label
+    )
+    if format == "md":
+        body = selectors.report_markdown(report, base_url=settings.KEYSTONE_BASE_URL)
+        return HttpResponse(body, content_type="text/markdown; charset=utf-8")
+    if format == "csv":
+        return HttpResponse(selectors.report_csv(report), content_type="text/csv; charset=utf-8")
+    return HttpResponse(selectors.report_json(report), content_type="application/json")
+
+
+class AlertRuleIn(Schema):
+    name: str
+    condition: str
+    window: str = "last_run"
+    specs: list[str] = Field(default_factory=list)
+    branches: list[str] = Field(default_factory=list)
+    channels: list[str] = Field(default_factory=list, description="channel names")
+
+
+class AlertRuleOut(Schema):
+    id: int
+    name: str
+    condition: str
+    window: str
+    specs: list[str]
+    branches: list[str]
+    channels: list[str]
+    enabled: bool
+
+
+def _rule_out(rule: Any) -> AlertRuleOut:
+    return AlertRuleOut(
+        id=rule.pk,
+        name=rule.name,
+        condition=rule.condition,
+        window=rule.window,
+        specs=rule.specs,
+        branches=rule.branches,
+        channels=[channel.name for channel in rule.channels.all()],
+        enabled=rule.enabled,
+    )
+
+
+@router.get("/projects/{slug}/alert-rules", response=list[AlertRuleOut], url_name="alert_rules")
+def alert_rule_list(request: HttpRequest, slug: str) -> list[AlertRuleOut]:
+    caller = _caller(request, slug, Role.VIEWER)
+    return [_rule_out(rule) for rule in selectors.project_alert_rules(caller.project.pk)]
+
+
+@router.post("/projects/{slug}/alert-rules", response={201: AlertRuleOut})
+def alert_rule_create(
+    request: HttpRequest, slug: str, payload: AlertRuleIn
+) -> Status[AlertRuleOut]:
+    """A new rule (admins). A bad condition is a 422 naming the unknown metric or operator."""
+    caller = _caller(request, slug, Role.ADMIN)
+    channels = dict(caller.project.alert_channels.values_list("name", "id"))
+    unknown = [name for name in payload.channels if name not in channels]
+    if unknown:
+        raise ApiInputError("channels", f"no channel named {', '.join(unknown)} in this project")
+    try:
+        rule = services.alert_rule_create(
+            project=caller.project,
+            name=payload.name,
+            condition=payload.condition,
+            window=payload.window,
+            specs=payload.specs,
+            branches=payload.branches,
+            channel_ids=[channels[name] for name in payload.channels],
+        )
+    except services.AlertError as exc:
+        # AlertError names its field first: "condition: unknown metric ...".
+        field, _, rest = str(exc).partition(" ")
+        raise ApiInputError(field.rstrip(":"), rest) from None
+    return Status(201, _rule_out(rule))
+
+
+@router.delete("/projects/{slug}/alert-rules/{rule_id}", response={204: None})
+def alert_rule_delete(request: HttpRequest, slug: str, rule_id: int) -> Status[None]:
+    caller = _caller(request, slug, Role.ADMIN)
+    if not caller.project.alert_rules.filter(pk=rule_id).exists():
+        raise Http404("No such alert rule in this project.")
+    services.alert_rule_delete(project=caller.project, rule_id=rule_id)
+    return Status(204, None)

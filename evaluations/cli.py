@@ -153,6 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="export every finished execution, not only failed ones"
     )
     export.set_defaults(handler=_django_command("cmd_replay_export"))
+    report = commands.add_parser("report", help="project reports from the server's database")
+    report_commands = report.add_subparsers(dest="report_command", metavar="REPORT")
+    regressions = report_commands.add_parser(
+        "regressions", help="what regressed against the active baselines (Markdown on stdout)"
+    )
+    regressions.add_argument("--project", required=True, metavar="SLUG")
+    regressions.add_argument("--since", default="", help="24h, 7d, 2w or a date (2026-11-01)")
+    regressions.add_argument("--spec", default="", metavar="SLUG", help="one spec only")
+    regressions.add_argument("--branch", default="", help="one branch only")
+    regressions.add_argument("--label", default="", metavar="KEY=VALUE", help="one run label only")
+    regressions.add_argument("--markdown", metavar="FILE", help="write the Markdown report")
+    regressions.add_argument("--json", metavar="FILE", help="write the JSON report")
+    regressions.add_argument("--csv", metavar="FILE", help="write the CSV report")
+    regressions.set_defaults(handler=_django_command("cmd_report_regressions"))
     worker = commands.add_parser("worker", help="start a worker that executes queued runs")
     worker.add_argument("--concurrency", type=int, default=2)
     worker.add_argument("--loglevel", default="info")

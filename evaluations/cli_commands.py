@@ -283,6 +283,50 @@ def cmd_replay_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report_regressions(args: argparse.Namespace) -> int:
+    """`keystone report regressions --project P [--since 7d] [--markdown F] [--json F]
+    [--csv F]`: the regressions report; Markdown on stdout when no file is named. Exits 0
+    whether or not something regressed (gates decide a run's verdict, not this report)."""
+    setup_django()
+    from django.conf import settings
+
+    from evaluations import selectors
+    from evaluations.models import Project
+    from evaluations.selectors.regression_report import parse_since
+
+    project = Project.objects.filter(slug=args.project).first()
+    if project is None:
+        print(f"keystone report regressions: no project {args.project!r}", file=sys.stderr)
+        return EXIT_SPEC_INVALID
+    try:
+        since = parse_since(args.since)
+    except ValueError as exc:
+        print(f"keystone report regressions: --{exc}", file=sys.stderr)
+        return EXIT_SPEC_INVALID
+    if args.label and "=" not in args.label:
+        print(
+            f"keystone report regressions: --label {args.label!r}: write key=value", file=sys.stderr
+        )
+        return EXIT_SPEC_INVALID
+    report = selectors.regression_report(
+        project, since=since, spec=args.spec, branch=args.branch, label=args.label
+    )
+    markdown = selectors.report_markdown(report, base_url=settings.KEYSTONE_BASE_URL)
+    outputs = {
+        args.markdown: markdown,
+        args.json: selectors.report_json(report),
+        args.csv: selectors.report_csv(report),
+    }
+    written = [(path, text) for path, text in outputs.items() if path]
+    if not written:
+        sys.stdout.write(markdown)
+    for path, text in written:
+        Path(path).write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+    print(f"{len(report.rows)} regressed group(s) in {project.slug}", file=sys.stderr)
+    return 0
+
+
 def celery_worker_command(
     *,
     concurrency: int,

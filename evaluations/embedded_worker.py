@@ -1,27 +1,37 @@
-"""The embedded worker: with no broker, a loop that polls the database for queued runs and
-pending executions and runs them through the same services the Celery tasks call."""
+"""The embedded worker: with no broker, a loop that polls the database for queued runs,
+pending executions and pending alert firings, and handles them through the same services
+the Celery tasks call."""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
 
 from django.db import close_old_connections, connections
 from django.db.models import Q
 from django.utils import timezone
 
 from evaluations import services
-from evaluations.models import Execution, ExecutionStatus, Run, RunStatus
+from evaluations.models import (
+    AlertFiring,
+    Execution,
+    ExecutionStatus,
+    FiringStatus,
+    Run,
+    RunStatus,
+)
 
 logger = logging.getLogger(__name__)
 
 
 def work_once(worker: str, *, after_run: int = 0) -> int | None:
-    """Plan one queued run or execute one pending execution; the id of the run worked on,
-    or None when there was nothing. Executions are taken round-robin over runs (the first
-    run after `after_run` with one ready), so one slow or stuck run never holds the others;
-    an execution waiting out its retry backoff is not ready."""
+    """Plan one queued run, execute one pending execution or send one pending alert
+    firing; the id of the run worked on, or None when there was nothing. Executions are
+    taken round-robin over runs (the first run after `after_run` with one ready), so one
+    slow or stuck run never holds the others; an execution waiting out its retry backoff
+    is not ready."""
     queued = (
         Run.objects.filter(status=RunStatus.QUEUED)
         .order_by("id")
@@ -48,6 +58,15 @@ def work_once(worker: str, *, after_run: int = 0) -> int | None:
         except services.InfrastructureError:
             logger.warning("execution %s could not start; it will be retried", execution_id)
         return run_id
+    firing = (
+        AlertFiring.objects.filter(status=FiringStatus.PENDING)
+        .order_by("id")
+        .values_list("id", "run_id")
+        .first()
+    )
+    if firing is not None:
+        services.firing_deliver(firing_id=firing[0])
+        return firing[1]
     # The same periodic jobs as Celery beat: runs whose finalising was lost, dead leases.
     for run_id in services.run_sweep_stuck(enqueue=False):
         services.run_finalize_if_done(run_id=run_id)
@@ -59,12 +78,25 @@ def work_once(worker: str, *, after_run: int = 0) -> int | None:
     return Execution.objects.values_list("run_id", flat=True).get(pk=expired[-1])
 
 
+# The periodic jobs Celery beat runs with a broker; the embedded worker runs them itself.
+PERIODIC_SECONDS = 60.0
+
+
+def periodic_once() -> None:
+    services.firings_send_stale()  # lost alert evaluations, firings a dead worker was sending
+    services.digests_send_due()
+
+
 def poll_forever(stop: threading.Event, interval: float = 1.0) -> None:
     worker = f"embedded:{os.getpid()}"
     last_run = 0
+    next_periodic = 0.0
     while not stop.is_set():
         close_old_connections()
         try:
+            if time.monotonic() >= next_periodic:
+                next_periodic = time.monotonic() + PERIODIC_SECONDS
+                periodic_once()
             served = work_once(worker, after_run=last_run)
         except Exception:  # keep serving: one bad run must not stop the worker
             logger.exception("embedded worker step failed")

@@ -813,3 +813,145 @@ class ResultChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.invariant_id} changed by {self.changed_by} at {self.created:%Y-%m-%d %H:%M}"
+
+
+# --- Alerts: rules, channels, firings ---------------------------------------------------
+
+
+class ChannelKind(models.TextChoices):
+    WEBHOOK = "webhook", "Webhook (signed JSON)"
+    SLACK = "slack", "Slack incoming webhook"
+    EMAIL = "email", "Email"
+
+
+class AlertChannel(models.Model):
+    """Where a project's alerts go. `target` is a URL (webhook, Slack) or a comma-separated
+    list of addresses (email). A webhook's signing secret is kept encrypted with a key
+    derived from SECRET_KEY (the signature needs the secret itself, so no hash will do)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="alert_channels")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=ChannelKind.choices)
+    target = models.CharField(max_length=1000)
+    secret_encrypted = models.TextField(blank=True, default="", editable=False)
+    # Whether the weekly digest goes here too (rules choose their channels themselves).
+    digest = models.BooleanField(default=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="alertchannel_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+class AlertWindow(models.TextChoices):
+    LAST_RUN = "last_run", "Last run"
+    LAST_5_RUNS = "last_5_runs", "Last 5 runs"
+    LAST_24H = "last_24h", "Last 24 hours"
+    LAST_7D = "last_7d", "Last 7 days"
+
+
+class AlertRule(models.Model):
+    """`condition` ("pass_rate < 0.9", "any_regression") over `window`, on the completed
+    runs of the project whose spec and branch are in scope (an empty list: every one)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="alert_rules")
+    name = models.CharField(max_length=100)
+    condition = models.CharField(max_length=200)
+    window = models.CharField(
+        max_length=16, choices=AlertWindow.choices, default=AlertWindow.LAST_RUN
+    )
+    specs = models.JSONField(default=list, blank=True)
+    branches = models.JSONField(default=list, blank=True)
+    channels = models.ManyToManyField(AlertChannel, related_name="rules", blank=True)
+    enabled = models.BooleanField(default=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="alertrule_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.condition} over {self.window}"
+
+
+class AlertEvaluation(models.Model):
+    """That a finalised run's rules were evaluated: the sweep evaluates a completed run that
+    has none (its message was lost while the broker was away)."""
+
+    run = models.OneToOneField(
+        Run, on_delete=models.CASCADE, primary_key=True, related_name="alert_evaluation"
+    )
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    def __str__(self) -> str:
+        return f"alerts evaluated for run {self.run_id}"
+
+
+class FiringStatus(models.TextChoices):
+    PENDING = "pending"
+    SENDING = "sending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class AlertFiring(models.Model):
+    """One rule firing for one run, to one channel. Unique per (rule, run, channel), so a
+    run finalised twice (a rescore after a review) never notifies twice."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="alert_firings")
+    rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="firings")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="alert_firings")
+    channel = models.ForeignKey(AlertChannel, on_delete=models.CASCADE, related_name="firings")
+    value = models.FloatField(null=True, blank=True)
+    message = models.TextField(blank=True, default="")
+    idempotency_key = models.CharField(max_length=64, unique=True, editable=False)
+    status = models.CharField(
+        max_length=16, choices=FiringStatus.choices, default=FiringStatus.PENDING
+    )
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    # When a worker claimed it: a firing `sending` for too long lost its worker.
+    sending_since = models.DateTimeField(null=True, blank=True)
+    delivered = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["rule", "run", "channel"], name="alertfiring_once_per_run"
+            )
+        ]
+        indexes = [models.Index(fields=["project", "created"], name="alertfiring_project_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.rule_id} on run {self.run_id} -> {self.channel_id}: {self.status}"
+
+
+class Digest(models.Model):
+    """A project's weekly digest for the week ending at `period_end`, written once (the
+    unique constraint: beat and the embedded worker may both find it due) with what each
+    channel answered: {channel name: {status, attempts, error}}."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="digests")
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField()
+    markdown = models.TextField()
+    deliveries = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["-period_end"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "period_end"], name="digest_once_per_period")
+        ]
+
+    def __str__(self) -> str:
+        return f"digest of {self.project_id} to {self.period_end:%Y-%m-%d}"

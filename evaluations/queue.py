@@ -4,7 +4,8 @@ alone knows what runs where:
 - with a broker (CELERY_BROKER_URL), a message per job goes to the Celery workers;
 - with none, Celery runs the task eagerly in this process (the CLI, the tests);
 - under `keystone serve` on the embedded default (KEYSTONE_EMBEDDED_WORKER), queued runs
-  are left for the embedded worker, which polls the database (evaluations.embedded_worker).
+  and pending alert firings are left for the embedded worker, which polls the database
+  (evaluations.embedded_worker).
 
 Messages go out after the transaction commits, so a worker never looks for a row it cannot
 see yet. Tasks are looked up by name in the Celery app (evaluations.apps registers them at
@@ -23,6 +24,8 @@ logger = logging.getLogger(__name__)
 RUN_PLAN = "evaluations.tasks.run_plan"
 EXECUTION_RUN = "evaluations.tasks.execution_run"
 RUN_FINALIZE = "evaluations.tasks.run_finalize"
+ALERTS_EVALUATE = "evaluations.tasks.alerts_evaluate"
+FIRING_DELIVER = "evaluations.tasks.firing_deliver"
 
 
 def _send(task_name: str, *args: int) -> None:
@@ -55,3 +58,16 @@ def execution_send(execution_id: int) -> None:
 def run_finalize_later(run_id: int) -> None:
     """Finalise the run once this transaction commits."""
     transaction.on_commit(lambda: _send(RUN_FINALIZE, run_id))
+
+
+def alerts_evaluate_later(run_id: int) -> None:
+    """Evaluate the project's alert rules against this run once its scores are committed."""
+    transaction.on_commit(lambda: _send(ALERTS_EVALUATE, run_id))
+
+
+def firing_deliver_later(firing_id: int) -> None:
+    """Send one alert firing once this transaction commits (the embedded worker sends
+    pending firings itself: retries wait, and must not hold up a web request)."""
+    if settings.KEYSTONE_EMBEDDED_WORKER:
+        return
+    transaction.on_commit(lambda: _send(FIRING_DELIVER, firing_id))

@@ -7,7 +7,7 @@ import socket
 
 from celery import shared_task
 
-from evaluations import services
+from evaluations import queue, services
 
 
 @shared_task(acks_late=True)
@@ -42,6 +42,27 @@ def run_finalize(run_id: int) -> int | None:
 
 @shared_task
 def requeue_expired_executions() -> int:
-    """The periodic sweep: executions of dead workers, and runs whose message was lost."""
+    """The periodic sweep: executions of dead workers, and runs and alert firings whose
+    message was lost."""
     services.run_sweep_stuck()
+    services.firings_send_stale()
     return len(services.execution_requeue_expired())
+
+
+@shared_task(acks_late=True)
+def alerts_evaluate(run_id: int) -> int:
+    # One message per firing: each channel is retried on its own, and in parallel.
+    firing_ids = services.alerts_evaluate(run_id=run_id)
+    for firing_id in firing_ids:
+        queue.firing_deliver_later(firing_id)
+    return len(firing_ids)
+
+
+@shared_task(acks_late=True)
+def firing_deliver(firing_id: int) -> str:
+    return services.firing_deliver(firing_id=firing_id)
+
+
+@shared_task
+def digests_send_due() -> int:
+    return len(services.digests_send_due())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from evaluations.views import executions, projects, review, runs, specs
+from evaluations.views import executions, projects, reports, review, runs, specs
 
 urlpatterns = [
     path("", projects.home, name="home"),
@@ -14,6 +14,13 @@ urlpatterns = [
     path("p/<slug:project_slug>/members/", projects.members, name="members"),
     path("p/<slug:project_slug>/settings/", projects.project_settings, name="project_settings"),
     path("p/<slug:project_slug>/settings/tokens/", projects.project_tokens, name="project_tokens"),
+    path("p/<slug:project_slug>/settings/alerts/", projects.project_alerts, name="project_alerts"),
+    path(
+        "p/<slug:project_slug>/settings/digest/",
+        projects.project_digest_preview,
+        name="project_digest_preview",
+    ),
+    path("p/<slug:project_slug>/regressions/", reports.regressions, name="regressions"),
     # Specs
     path("p/<slug:project_slug>/specs/", specs.spec_list, name="spec_list"),
     path("p/<slug:project_slug>/specs/new/", specs.spec_edit, name="spec_new"),

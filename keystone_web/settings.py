@@ -326,11 +326,49 @@ KEYSTONE_FINAL_OUTPUT_MAX_CHARS = env_int("KEYSTONE_FINAL_OUTPUT_MAX_CHARS", 655
 KEYSTONE_EXECUTION_LEASE_SECONDS = env_int("KEYSTONE_EXECUTION_LEASE_SECONDS", 60)
 # How long a reviewer holds a claimed review item before someone else may take it.
 KEYSTONE_REVIEW_CLAIM_SECONDS = env_int("KEYSTONE_REVIEW_CLAIM_SECONDS", 600)
+# Alerts: links in messages start with KEYSTONE_BASE_URL (e.g. https://keystone.example.com);
+# a delivery is tried KEYSTONE_ALERT_MAX_ATTEMPTS times on connection errors and 5xx, waiting
+# KEYSTONE_ALERT_BACKOFF seconds, doubling, between tries.
+KEYSTONE_BASE_URL = env_str("KEYSTONE_BASE_URL").rstrip("/")
+KEYSTONE_ALERT_MAX_ATTEMPTS = env_int("KEYSTONE_ALERT_MAX_ATTEMPTS", 4)
+KEYSTONE_ALERT_BACKOFF = env_float("KEYSTONE_ALERT_BACKOFF", 2.0)
+KEYSTONE_ALERT_TIMEOUT = env_float("KEYSTONE_ALERT_TIMEOUT", 10.0)
+
+# --- Email (alert channels) --------------------------------------------------------------
+# SMTP when EMAIL_HOST is set, else the console backend (messages are logged, not sent).
+EMAIL_HOST = env_str("EMAIL_HOST")
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend",
+)
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "keystone@localhost")
+
+# The weekly digest goes out on this day at this hour (UTC) to every channel that takes it.
+KEYSTONE_DIGEST_DAY = env_str("KEYSTONE_DIGEST_DAY", "monday").lower()
+KEYSTONE_DIGEST_HOUR = env_int("KEYSTONE_DIGEST_HOUR", 8)
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+if KEYSTONE_DIGEST_DAY not in _WEEKDAYS:
+    raise ImproperlyConfigured(
+        f"KEYSTONE_DIGEST_DAY={KEYSTONE_DIGEST_DAY!r}: use one of {', '.join(_WEEKDAYS)}"
+    )
+if not 0 <= KEYSTONE_DIGEST_HOUR <= 23:
+    raise ImproperlyConfigured(f"KEYSTONE_DIGEST_HOUR={KEYSTONE_DIGEST_HOUR}: use 0 to 23")
 CELERY_BEAT_SCHEDULE = {
     "requeue-expired-executions": {
         "task": "evaluations.tasks.requeue_expired_executions",
         "schedule": max(1.0, KEYSTONE_EXECUTION_LEASE_SECONDS / 2),
-    }
+    },
+    # Every 10 minutes the task asks whether a digest is due; the Digest table's unique
+    # constraint sends each week's once, even with the embedded worker asking too.
+    "weekly-digest": {"task": "evaluations.tasks.digests_send_due", "schedule": 600.0},
 }
 
 # --- Logging ----------------------------------------------------------------------------
@@ -341,7 +379,13 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # Kaleido's browser driver logs every step of a digest chart at INFO.
+        "choreographer": {"level": "WARNING"},
+        "kaleido": {"level": "WARNING"},
+        "logistro": {"level": "WARNING"},
+    },
 }
 if CELERY_TASK_ALWAYS_EAGER:
     # With no broker the tasks run in the calling process: kombu's warning about the unused

@@ -2,7 +2,14 @@
 part of the product. The names below are what the views and the API read, so they need one
 import: `from evaluations import selectors`."""
 
+from evaluations.selectors.alerts import (
+    AlertConditionError,
+    parse_condition,
+    project_alert_firings,
+    project_alert_rules,
+)
 from evaluations.selectors.bounds import SPEC_RUNS, TREND_RUNS
+from evaluations.selectors.digest import digest_markdown
 from evaluations.selectors.executions import (
     ArtifactText,
     artifact_in_project,
@@ -27,6 +34,13 @@ from evaluations.selectors.records import (
     execution_record,
     run_progress,
     run_records,
+)
+from evaluations.selectors.regression_report import (
+    RegressionReport,
+    regression_report,
+    report_csv,
+    report_json,
+    report_markdown,
 )
 from evaluations.selectors.regressions import group_key, project_regressions
 from evaluations.selectors.reviews import (
@@ -73,6 +87,16 @@ from evaluations.selectors.trends import (
 )
 
 __all__ = [
+    "digest_markdown",
+    "AlertConditionError",
+    "RegressionReport",
+    "parse_condition",
+    "project_alert_firings",
+    "project_alert_rules",
+    "regression_report",
+    "report_csv",
+    "report_json",
+    "report_markdown",
     "RESULT_CSV_COLUMNS",
     "RESULT_SOURCE_RANK",
     "RUN_PAGE_SIZE",

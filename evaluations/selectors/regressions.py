@@ -70,6 +70,12 @@ def _group_pass_rate(group: dict[str, Any]) -> float | None:
 
 def project_regressions(project: Project) -> list[Regression]:
     """Every regression of every spec that has an active baseline: two queries."""
+    return project_group_changes(project)[0]
+
+
+def project_group_changes(project: Project) -> tuple[list[Regression], list[Regression]]:
+    """(regressions, improvements): groups that passed in the active baseline and do not
+    pass in the spec's latest completed run, and groups that failed there and pass now."""
     baselines = list(
         Baseline.objects.filter(project=project, active=True)
         .annotate(latest_run_id=latest_run_subquery(RunStatus.COMPLETED))
@@ -82,7 +88,8 @@ def project_regressions(project: Project) -> list[Regression]:
         .annotate(groups=KeyTransform("groups", "summary"))
         .values("id", "groups")
     }
-    regressions = []
+    regressions: list[Regression] = []
+    improvements: list[Regression] = []
     for baseline in sorted(baselines, key=lambda b: b["spec__slug"]):
         run_id = baseline["latest_run_id"]
         if run_id is None or run_id == baseline["run_id"]:
@@ -91,9 +98,10 @@ def project_regressions(project: Project) -> list[Regression]:
         after = _groups_by_key(current.get(run_id))
         for key, old in before.items():
             new = after.get(key)
-            if new is None or not _group_passed(old) or _group_passed(new):
+            if new is None or _group_passed(old) == _group_passed(new):
                 continue
-            regressions.append(
+            changed = regressions if _group_passed(old) else improvements
+            changed.append(
                 Regression(
                     spec_slug=baseline["spec__slug"],
                     baseline_name=baseline["name"],
@@ -105,4 +113,4 @@ def project_regressions(project: Project) -> list[Regression]:
                     failure_codes=[str(c) for c in new.get("failure_codes") or []],
                 )
             )
-    return regressions
+    return regressions, improvements

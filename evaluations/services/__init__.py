@@ -12,11 +12,23 @@ The names below are what the interfaces call, so they need one import:
 `from evaluations import services`.
 """
 
+from evaluations.services.alerts import (
+    AlertError,
+    alert_channel_create,
+    alert_channel_delete,
+    alert_rule_create,
+    alert_rule_delete,
+    alerts_evaluate,
+    firing_deliver,
+    firing_resend,
+    firings_send_stale,
+)
 from evaluations.services.baselines import (
     BASELINE_OUTPUT_MAX_CHARS,
     BaselineError,
     baseline_promote,
 )
+from evaluations.services.digest import digest_due_end, digests_send_due
 from evaluations.services.executions import (
     InfrastructureError,
     execution_claim,
@@ -70,6 +82,17 @@ from evaluations.services.specs import spec_version_create
 from evaluations.services.tokens import TokenError, token_issue, token_revoke
 
 __all__ = [
+    "digest_due_end",
+    "digests_send_due",
+    "AlertError",
+    "alert_channel_create",
+    "alert_channel_delete",
+    "alert_rule_create",
+    "alert_rule_delete",
+    "alerts_evaluate",
+    "firing_deliver",
+    "firing_resend",
+    "firings_send_stale",
     "BASELINE_OUTPUT_MAX_CHARS",
     "REVIEW_POLICY_DEFAULTS",
     "BaselineError",

@@ -1,5 +1,5 @@
 """Finalising a run once every execution has finished: deferred checks, scores, gates,
-exit code, and the review items for the judge's scores."""
+exit code, the review items for the judge's scores, then the alert rules (a task)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from django.utils import timezone
 from checks.results import JUDGE_CHECK_TYPES
 from checks.scoring import score_execution, score_run
 from checks.spec.model import Spec as EngineSpec
+from evaluations import queue
 from evaluations.models import (
     CheckResult,
     Execution,
@@ -55,6 +56,7 @@ def run_finalize(*, run_id: int) -> Run:
     run.finished = run.finished or timezone.now()
     run.save()
     review_items_select(run_id=run.pk)
+    queue.alerts_evaluate_later(run.pk)
     return run
 
 

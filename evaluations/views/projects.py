@@ -7,17 +7,19 @@ import json
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
-from evaluations import charts, policy, selectors, services
+from evaluations import charts, policy, queue, selectors, services
 from evaluations.access import ProjectAccess, project_for, projects_of
-from evaluations.models import RUN_TERMINAL_STATUSES, Role
+from evaluations.models import RUN_TERMINAL_STATUSES, AlertWindow, ChannelKind, Role
 from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
 
 
@@ -275,6 +277,13 @@ def _settings_context(
         "token_user_id": request.user.pk,
         # The operator's policy: read-only here, it is set in the server's environment.
         "server_policy": policy.current().rows(),
+        "alert_rules": selectors.project_alert_rules(project.pk),
+        "alert_channels": list(project.alert_channels.all()),
+        "alert_firings": selectors.project_alert_firings(project.pk),
+        "alert_windows": AlertWindow.choices,
+        "channel_kinds": ChannelKind.choices,
+        "digest_day": settings.KEYSTONE_DIGEST_DAY,
+        "digest_hour": settings.KEYSTONE_DIGEST_HOUR,
         **extra,
     }
 
@@ -325,3 +334,82 @@ def project_tokens(request: HttpRequest, project_slug: str) -> HttpResponse:
     response = render(request, template, context, status=status)
     response["Cache-Control"] = "no-store"  # the raw token must not sit in a cache
     return response
+
+
+# --- Settings: alert rules, channels and firings ----------------------------------------------
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.replace("\n", ",").split(",") if part.strip()]
+
+
+def _alert_action(request: HttpRequest, access: ProjectAccess) -> str:
+    """Do what the form asks; returns the notice. Raises services.AlertError when refused."""
+    project, post = access.project, request.POST
+    action = post.get("action", "")
+    if action == "channel_add":
+        channel = services.alert_channel_create(
+            project=project,
+            name=post.get("name", ""),
+            kind=post.get("kind", ""),
+            target=post.get("target", ""),
+            secret=post.get("secret", ""),
+            digest=post.get("digest") == "on",
+        )
+        return f"Channel {channel.name} added."
+    if action == "rule_add":
+        channel_ids = [int(i) for i in post.getlist("channels") if i.isdigit()]
+        rule = services.alert_rule_create(
+            project=project,
+            name=post.get("name", ""),
+            condition=post.get("condition", ""),
+            window=post.get("window", ""),
+            specs=_split(post.get("specs", "")),
+            branches=_split(post.get("branches", "")),
+            channel_ids=channel_ids,
+        )
+        return f"Rule {rule.name} added."
+    target = post.get("id", "")
+    if not target.isdigit():
+        raise services.AlertError(f"unknown action {action!r} or no row chosen")
+    if action == "rule_delete":
+        services.alert_rule_delete(project=project, rule_id=int(target))
+        return "Rule deleted."
+    if action == "channel_delete":
+        services.alert_channel_delete(project=project, channel_id=int(target))
+        return "Channel deleted (with its rules' firings to it)."
+    if action == "resend":
+        if not services.firing_resend(project=project, firing_id=int(target)):
+            raise services.AlertError("only a failed firing can be sent again")
+        queue.firing_deliver_later(int(target))
+        return "Firing queued to be sent again."
+    raise services.AlertError(f"unknown action {action!r}")
+
+
+@login_required
+@require_POST
+def project_alerts(request: HttpRequest, project_slug: str) -> HttpResponse:
+    """Admins add and delete alert channels and rules, and send a failed firing again."""
+    access = project_for(request, project_slug, Role.ADMIN)
+    extra: dict[str, Any] = {"alert_error": "", "alert_notice": ""}
+    status = 200
+    try:
+        extra["alert_notice"] = _alert_action(request, access)
+    except services.AlertError as exc:
+        extra["alert_error"] = str(exc)
+        status = refusal_status(request, 400)
+    context = _settings_context(request, access, **extra)
+    template = page_or_region(request, "projects/settings.html", "alerts")
+    return render(request, template, context, status=status)
+
+
+@login_required
+def project_digest_preview(request: HttpRequest, project_slug: str) -> HttpResponse:
+    """The weekly digest as it would go out now (nothing is sent or stored)."""
+    access = project_for(request, project_slug, Role.ADMIN)
+    preview = selectors.digest_markdown(
+        access.project, end=timezone.now(), base_url=settings.KEYSTONE_BASE_URL
+    )
+    context = _settings_context(request, access, digest_preview=preview)
+    template = page_or_region(request, "projects/settings.html", "digest-preview")
+    return render(request, template, context)

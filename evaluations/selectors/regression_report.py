@@ -1,0 +1,250 @@
+"""The regressions report of a project: what got worse against the active baselines, with
+the reason when there is nothing to show.
+
+`regression_rows` is the one place the report, its exports, the CLI and the
+`any_regression` alert read regressions from. Today it wraps
+selectors.regressions.project_regressions (a group that passed in the baseline and does
+not pass in the spec's latest completed run); the statistical verdicts of the
+baselines/compare work replace it here, and every reader follows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.urls import reverse
+from django.utils import timezone
+
+from evaluations.models import Baseline, Project, Run
+from evaluations.selectors.regressions import Regression, project_group_changes
+
+
+@dataclass(frozen=True, slots=True)
+class RegressionRow:
+    spec: str
+    branch: str
+    baseline: str
+    run_id: int
+    run_finished: str
+    group: str
+    baseline_pass_rate: float | None
+    current_pass_rate: float | None
+    status: str
+    failure_codes: list[str]
+    run_url: str
+    # The compare page: this run against its spec's baseline, cell by cell, with p-values.
+    compare_url: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return datetime.fromisoformat(self.run_finished) if self.run_finished else None
+
+
+@dataclass(slots=True)
+class RegressionReport:
+    project: str
+    since: str | None
+    rows: list[RegressionRow] = field(default_factory=list)
+    # Groups that failed in the baseline and pass now, listed below the regressions.
+    improvements: list[RegressionRow] = field(default_factory=list)
+    # Why the report is empty, when it is: no baseline, no run since, nothing regressed.
+    empty_reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "project": self.project,
+            "since": self.since,
+            "empty_reason": self.empty_reason,
+            "regressions": [asdict(row) for row in self.rows],
+            "improvements": [asdict(row) for row in self.improvements],
+        }
+
+
+CSV_COLUMNS = [
+    "change",
+    "spec",
+    "branch",
+    "baseline",
+    "run_id",
+    "run_finished",
+    "group",
+    "baseline_pass_rate",
+    "current_pass_rate",
+    "status",
+    "failure_codes",
+    "run_url",
+    "compare_url",
+]
+
+
+_SINCE = re.compile(r"^(?P<count>\d+)(?P<unit>[hdw])$")
+_UNITS = {"h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_since(text: str, *, now: datetime | None = None) -> datetime | None:
+    """`7d`, `24h`, `2w` (back from now) or an ISO date / time; empty means no limit."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    match = _SINCE.match(text)
+    if match:
+        delta = timedelta(**{_UNITS[match["unit"]]: int(match["count"])})
+        return (now or timezone.now()) - delta
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"since {text!r}: use a period such as 24h, 7d, 2w or a date such as 2026-11-01"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def regression_changes(project: Project) -> tuple[list[RegressionRow], list[RegressionRow]]:
+    """(regressions, improvements) of the project now: the function issue 14's verdicts
+    replace."""
+    regressions, improvements = project_group_changes(project)
+    runs = {
+        row["id"]: row
+        for row in Run.objects.filter(
+            pk__in={r.run_id for r in [*regressions, *improvements]}
+        ).values("id", "branch", "finished", "labels")
+    }
+
+    def row(r: Regression) -> RegressionRow:
+        run = runs[r.run_id]
+        return RegressionRow(
+            spec=r.spec_slug,
+            branch=run["branch"],
+            baseline=r.baseline_name,
+            run_id=r.run_id,
+            run_finished=_iso(run["finished"]),
+            group=r.group,
+            baseline_pass_rate=r.baseline_pass_rate,
+            current_pass_rate=r.current_pass_rate,
+            status=r.current_status,
+            failure_codes=r.failure_codes,
+            run_url=reverse("run_detail", args=[project.slug, r.run_id]),
+            compare_url=reverse("run_compare", args=[project.slug, r.run_id]),
+            labels={str(k): str(v) for k, v in (run["labels"] or {}).items()},
+        )
+
+    return [row(r) for r in regressions], [row(r) for r in improvements]
+
+
+def regression_rows(project: Project) -> list[RegressionRow]:
+    """Every current regression of the project (alerts and the digest read these)."""
+    return regression_changes(project)[0]
+
+
+def _iso(moment: datetime | None) -> str:
+    return moment.isoformat(timespec="seconds") if moment else ""
+
+
+def regressions_in_runs(project: Project, run_ids: list[int]) -> list[RegressionRow]:
+    wanted = set(run_ids)
+    return [row for row in regression_rows(project) if row.run_id in wanted]
+
+
+def regression_report(
+    project: Project,
+    *,
+    since: datetime | None = None,
+    spec: str = "",
+    branch: str = "",
+    label: str = "",
+) -> RegressionReport:
+    """`label` is `key=value` (a run label, e.g. `model=gpt-4o`)."""
+    report = RegressionReport(project=project.slug, since=_iso(since) or None)
+    key, _, value = label.partition("=")
+
+    def wanted(row: RegressionRow) -> bool:
+        return (
+            (not label or row.labels.get(key.strip()) == value.strip())
+            and (not spec or row.spec == spec)
+            and (not branch or row.branch == branch)
+            and (since is None or (row.finished_at is not None and row.finished_at >= since))
+        )
+
+    regressions, improvements = regression_changes(project)
+    report.rows = [r for r in regressions if wanted(r)]
+    report.improvements = [r for r in improvements if wanted(r)]
+    if not report.rows:
+        report.empty_reason = _empty_reason(project, since=since, spec=spec, branch=branch)
+        if label and report.empty_reason.startswith("Nothing regressed"):
+            report.empty_reason = f"Nothing regressed in runs labelled {label}."
+    return report
+
+
+def _empty_reason(project: Project, *, since: datetime | None, spec: str, branch: str) -> str:
+    baselines = Baseline.objects.filter(project=project, active=True)
+    if spec:
+        baselines = baselines.filter(spec__slug=spec)
+    if not baselines.exists():
+        where = f"spec {spec}" if spec else "any spec of this project"
+        return f"No active baseline for {where}: promote a run to a baseline to compare against."
+    runs = Run.objects.filter(project=project, status="completed", spec__baselines__active=True)
+    if spec:
+        runs = runs.filter(spec__slug=spec)
+    if branch:
+        runs = runs.filter(branch=branch)
+    if since is not None:
+        runs = runs.filter(finished__gte=since)
+    if not runs.exists():
+        return "No completed run since " + (_iso(since) if since else "the baseline") + "."
+    return "Nothing regressed: every group that passed in its baseline still passes."
+
+
+def report_json(report: RegressionReport) -> str:
+    return json.dumps(report.to_dict(), indent=2)
+
+
+def report_csv(report: RegressionReport) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    for change, rows in (("regressed", report.rows), ("improved", report.improvements)):
+        for row in rows:
+            data = {**asdict(row), "change": change, "failure_codes": " ".join(row.failure_codes)}
+            writer.writerow([data[c] for c in CSV_COLUMNS])
+    return out.getvalue()
+
+
+def _rate(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def report_markdown(report: RegressionReport, *, base_url: str = "") -> str:
+    """Short enough for a pull request or a chat message; links back to the runs."""
+    title = f"**Keystone regressions: {report.project}**"
+    if report.since:
+        title += f" since {report.since}"
+    lines = [title, ""]
+    if not report.rows:
+        lines.append(report.empty_reason)
+    else:
+        lines += [f"{len(report.rows)} regressed group(s):", ""]
+        lines += [
+            "| spec | branch | group | baseline | now | codes | run |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in report.rows:
+            codes = ", ".join(f"`{c}`" for c in row.failure_codes) or "–"
+            lines.append(
+                f"| {row.spec} | {row.branch or '–'} | {row.group} | {_rate(row.baseline_pass_rate)}"
+                f" | {_rate(row.current_pass_rate)} | {codes} | [#{row.run_id}]({base_url}{row.run_url})"
+                f" · [compare]({base_url}{row.compare_url}) |"
+            )
+    if report.improvements:
+        improved = ", ".join(
+            f"{row.spec} {row.group} ([#{row.run_id}]({base_url}{row.run_url}))"
+            for row in report.improvements
+        )
+        lines += ["", f"Improved ({len(report.improvements)}): {improved}"]
+    return "\n".join(lines) + "\n"
