@@ -4,6 +4,7 @@ recording; leases of dead workers are re-queued."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -37,9 +38,13 @@ class InfrastructureError(Exception):
     """Something outside the agent failed (a database server, the Docker engine): retry later."""
 
 
+_CELERY_TASK_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def execution_claim(*, execution_id: int, worker: str) -> bool:
     """Take an execution for this worker: a conditional UPDATE, so exactly one worker wins.
-    A running execution whose lease expired (its worker died) can be taken again."""
+    A running execution whose lease expired (its worker died), or whose Celery task came
+    back after its process died, can be taken again."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
     active_run = Q(run__status=RunStatus.RUNNING)
@@ -48,8 +53,15 @@ def execution_claim(*, execution_id: int, worker: str) -> bool:
         status=ExecutionStatus.RUNNING, claimed_by=worker, lease_expires=lease, started=now
     ):
         return True
+    # Celery redelivers a task only when the process that held it died (acks_late with reject
+    # on worker loss, or the visibility timeout, set above the hard time limit): the same task
+    # id back means the lease has no living holder, so it is taken now, not when it expires.
+    stale = Q(lease_expires__lt=now)
+    task_id = worker.rpartition(":")[2]
+    if _CELERY_TASK_ID.fullmatch(task_id):
+        stale |= Q(claimed_by__endswith=f":{task_id}")
     expired = Execution.objects.filter(
-        active_run, pk=execution_id, status=ExecutionStatus.RUNNING, lease_expires__lt=now
+        stale, active_run, pk=execution_id, status=ExecutionStatus.RUNNING
     )
     return bool(
         expired.update(
