@@ -8,6 +8,8 @@ whose role is too low gets a 403.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -171,6 +173,10 @@ class RunCreateIn(Schema):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
+class ConflictOut(Schema):
+    detail: str
+
+
 class RunCreatedOut(Schema):
     id: int
     status: str
@@ -180,13 +186,15 @@ class RunCreatedOut(Schema):
 
 @router.post(
     "/projects/{slug}/specs/{spec_slug}/runs",
-    response={202: RunCreatedOut},
+    response={202: RunCreatedOut, 409: ConflictOut},
     url_name="spec_runs",
 )
 def run_start(
     request: HttpRequest, slug: str, spec_slug: str, payload: RunCreateIn
-) -> Status[RunCreatedOut]:
-    """Queue a run of the spec's latest version (or `version`); workers execute it."""
+) -> Status[RunCreatedOut] | Status[ConflictOut]:
+    """Queue a run of the spec's latest version (or `version`); workers execute it. With an
+    `Idempotency-Key` header a retried request gets the run the first one made, never a
+    second run; the same key with another body is a 409."""
     caller = _caller(request, slug, Role.EDITOR)
     spec = get_object_or_404(Spec, project=caller.project, slug=spec_slug)
     if payload.version is not None:
@@ -197,6 +205,11 @@ def run_start(
         version = selectors.spec_latest_version(spec)
         if version is None:
             raise ApiInputError("version", f"{spec.slug} has no version to run")
+    key = request.headers.get("Idempotency-Key", "").strip()
+    # What the request asks for: the same key with another body is a conflict, not a replay.
+    digest = hashlib.sha256(
+        json.dumps([version.pk, payload.dict()], sort_keys=True, default=str).encode()
+    ).hexdigest()
     try:
         run = services.run_create(
             spec_version=version,
@@ -205,7 +218,11 @@ def run_start(
             replicas=payload.replicas,
             scenarios=payload.scenarios or None,
             created_by=caller.user,
+            idempotency_key=key[:200],
+            request_digest=digest if key else "",
         )
+    except services.IdempotencyConflict as exc:
+        return Status(409, ConflictOut(detail=str(exc)))
     except policy.PolicyError as exc:  # more executions than this server allows
         raise ApiInputError("replicas", str(exc)) from None
     except ValueError as exc:  # an unknown scenario name

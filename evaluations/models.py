@@ -283,6 +283,10 @@ class Run(models.Model):
     created = models.DateTimeField(default=timezone.now, editable=False)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
+    # The API's Idempotency-Key of the request that made the run, and a digest of what that
+    # request asked for: the same key again returns this run; with another body it is a 409.
+    idempotency_key = models.CharField(max_length=200, blank=True, default="")
+    request_digest = models.CharField(max_length=64, blank=True, default="")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.SET_NULL,
@@ -298,6 +302,14 @@ class Run(models.Model):
             models.Index(fields=["project", "spec", "created"], name="run_project_spec_idx"),
             models.Index(fields=["project", "status", "created"], name="run_project_status_idx"),
             models.Index(fields=["project", "branch", "created"], name="run_project_branch_idx"),
+        ]
+        constraints = [
+            # A retried request with the same Idempotency-Key finds this run, never a second.
+            models.UniqueConstraint(
+                fields=["project", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="run_idempotency_key_unique",
+            )
         ]
 
     def __str__(self) -> str:

@@ -70,6 +70,7 @@ from evaluations.services.reviews import (
     review_send,
 )
 from evaluations.services.runs import (
+    IdempotencyConflict,
     engine_spec,
     run_cancel,
     run_create,
@@ -96,6 +97,7 @@ __all__ = [
     "BASELINE_OUTPUT_MAX_CHARS",
     "REVIEW_POLICY_DEFAULTS",
     "BaselineError",
+    "IdempotencyConflict",
     "InfrastructureError",
     "MembershipError",
     "ReviewClaimError",

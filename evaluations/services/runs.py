@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
@@ -44,11 +44,19 @@ def run_create(
     enqueue: bool = True,
     only: list[dict[str, Any]] | None = None,
     judge_cache: bool = True,
+    idempotency_key: str = "",
+    request_digest: str = "",
 ) -> Run:
     """A queued run; its planning is handed to a worker once the row is committed.
     `only` keeps part of the plan (checks.planning.select_planned): the failed groups of an
     earlier run, or the one execution a reproducer command names. `judge_cache=False` makes
-    the run's judge neither read nor write cached verdicts."""
+    the run's judge neither read nor write cached verdicts. With an `idempotency_key` the run
+    that key already made is returned (IdempotencyConflict when it was asked for something
+    else, told by `request_digest`)."""
+    if idempotency_key:
+        earlier = _run_of_key(spec_version.spec.project_id, idempotency_key, request_digest)
+        if earlier is not None:
+            return earlier
     labels = {str(k): str(v) for k, v in (labels or {}).items()}
     if scenarios:
         known = {
@@ -78,21 +86,43 @@ def run_create(
             scenarios=scenarios or None,
         )
         policy.check_plan_size(len(matrix))
-    run = Run.objects.create(
-        project=spec_version.spec.project,
-        spec=spec_version.spec,
-        spec_version=spec_version,
-        trigger=trigger,
-        labels=labels,
-        git_sha=labels.get("git_sha", ""),
-        branch=labels.get("branch", ""),
-        replicas_override=replicas,
-        options=options,
-        created_by=created_by,
-    )
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                project=spec_version.spec.project,
+                spec=spec_version.spec,
+                spec_version=spec_version,
+                trigger=trigger,
+                labels=labels,
+                git_sha=labels.get("git_sha", ""),
+                branch=labels.get("branch", ""),
+                replicas_override=replicas,
+                options=options,
+                created_by=created_by,
+                idempotency_key=idempotency_key,
+                request_digest=request_digest,
+            )
+    except IntegrityError:  # the same key in a request that was a moment quicker
+        earlier = _run_of_key(spec_version.spec.project_id, idempotency_key, request_digest)
+        assert earlier is not None
+        return earlier
     if enqueue:
         queue.run_plan_later(run.pk)
     return run
+
+
+class IdempotencyConflict(ValueError):
+    """An Idempotency-Key used again for a request that asks for something else."""
+
+
+def _run_of_key(project_id: int, key: str, digest: str) -> Run | None:
+    earlier = Run.objects.filter(project_id=project_id, idempotency_key=key).first()
+    if earlier is not None and earlier.request_digest != digest:
+        raise IdempotencyConflict(
+            f"Idempotency-Key {key!r} already made run {earlier.pk} from another request; "
+            "use a new key for a new run"
+        )
+    return earlier
 
 
 def _checked_selection(

@@ -1,0 +1,66 @@
+"""Issue 16 (and issue 20, item 2): a CI job that retries `POST .../runs` with the same
+`Idempotency-Key` gets the run the first request made, never a duplicate; the same key with
+another body is a 409 that says so."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from evaluations import services
+from evaluations.models import Membership, Project, Role, Run
+
+pytestmark = pytest.mark.django_db
+
+SPEC = """\
+version: 1
+id: once
+task: {prompt: "p"}
+agent: {type: command, command: "echo hi"}
+invariants:
+  hi: {description: hi, check: {type: contains, value: hi}}
+"""
+
+
+@pytest.fixture
+def client(project: Project, django_user_model: Any) -> Client:
+    user = django_user_model.objects.create_user(username="ci", password="pw-123456")
+    Membership.objects.create(project=project, user=user, role=Role.EDITOR)
+    _, raw = services.token_issue(project=project, user=user, name="ci")
+    services.spec_version_create(project=project, source_yaml=SPEC)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+
+
+def _start(client: Client, project: Project, body: dict[str, Any], key: str | None) -> Any:
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    return client.post(
+        f"/api/projects/{project.slug}/specs/once/runs",
+        json.dumps(body),
+        content_type="application/json",
+        **headers,
+    )
+
+
+def test_the_same_key_twice_makes_one_run(client: Client, project: Project) -> None:
+    first = _start(client, project, {"labels": {"branch": "main"}}, "ci-42-attempt")
+    again = _start(client, project, {"labels": {"branch": "main"}}, "ci-42-attempt")
+    assert first.status_code == again.status_code == 202
+    assert first.json()["id"] == again.json()["id"]
+    assert Run.objects.count() == 1
+
+
+def test_the_same_key_with_another_body_is_a_409(client: Client, project: Project) -> None:
+    assert _start(client, project, {"replicas": 1}, "k").status_code == 202
+    conflict = _start(client, project, {"replicas": 2}, "k")
+    assert conflict.status_code == 409
+    assert "Idempotency-Key 'k' already made run" in conflict.json()["detail"]
+    assert Run.objects.count() == 1
+
+
+def test_without_a_key_every_request_is_a_new_run(client: Client, project: Project) -> None:
+    _start(client, project, {}, None)
+    _start(client, project, {}, None)
+    assert Run.objects.count() == 2
