@@ -4,6 +4,8 @@ take the run, it gives up at --timeout, cancels the run and exits 4 saying so.""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -47,3 +49,71 @@ def test_keystone_run_gives_up_at_its_timeout_and_cancels_the_run(
     assert done.returncode == 4, done.stderr
     assert "did not finish within 3 s; it was cancelled" in done.stderr
     assert Run.objects.get().status == RunStatus.CANCELLED
+
+
+def _throwaway_postgres(directory: Path) -> tuple[list[str], str]:
+    """initdb + pg_ctl on a free port, owned by `postgres` when this runs as root; the
+    pg_ctl command prefix and the server's URL."""
+    import socket
+    import subprocess
+
+    binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not binaries:
+        pytest.fail("this test starts a PostgreSQL of its own: install Debian's postgresql")
+    bin_dir = binaries[-1].parent
+    owner = [] if os.geteuid() != 0 else ["runuser", "-u", "postgres", "--"]
+    if owner:
+        shutil.chown(directory, "postgres")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data = directory / "data"
+    subprocess.run([*owner, bin_dir / "initdb", "-D", data, "-U", "postgres", "-A", "trust"],
+                   check=True, capture_output=True)  # fmt: skip
+    pg_ctl = [*owner, str(bin_dir / "pg_ctl"), "-D", str(data), "-w", "-l", str(directory / "log")]
+    options = f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off"
+    subprocess.run([*pg_ctl, "-o", options, "start"], check=True, capture_output=True)
+    return [*pg_ctl, "-o", options], f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+
+def test_keystone_run_waits_out_a_database_restart(tmp_path: Path, test_redis_url: str) -> None:
+    """The database restarted while `keystone run` follows its run: it says it waits and goes
+    on (here until its --timeout, as no worker takes the run), never 'internal error'."""
+    import subprocess
+    import sys
+    import time
+
+    # Not under tmp_path: its parents are root's alone, and the server runs as `postgres`.
+    cluster = Path(tempfile.mkdtemp(prefix="keystone-pg-"))
+    pg_ctl, url = _throwaway_postgres(cluster)
+    try:
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(SPEC)
+        env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        env.update(
+            DATABASE_URL=url,
+            CELERY_BROKER_URL=test_redis_url.rsplit("/", 1)[0] + "/12",
+            KEYSTONE_HOME=str(tmp_path / "home"),
+            NO_COLOR="1",
+        )
+        root = Path(__file__).resolve().parents[2]
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=root, env=env,
+                       check=True, capture_output=True)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--timeout", "25"],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(6)  # the run is created and followed
+        subprocess.run([*pg_ctl, "-m", "fast", "restart"], check=True, capture_output=True)
+        out, err = process.communicate(timeout=120)
+    finally:
+        subprocess.run([*pg_ctl, "-m", "immediate", "stop"], check=False, capture_output=True)
+        shutil.rmtree(cluster, ignore_errors=True)
+    assert "internal error" not in err, err
+    assert "database unavailable" in err and "; waiting" in err  # the restart was seen
+    assert process.returncode == 4, err
+    assert "did not finish within 25 s; it was cancelled" in err
