@@ -28,7 +28,11 @@ from evaluations.models import (
     RunStatus,
 )
 from evaluations.services.finalize import deferred_invariants
-from evaluations.services.recording import execution_record, execution_record_error
+from evaluations.services.recording import (
+    execution_orphan_files_remove,
+    execution_record,
+    execution_record_error,
+)
 from evaluations.services.runs import engine_spec, run_secrets, run_warning_add
 
 logger = logging.getLogger(__name__)
@@ -63,11 +67,13 @@ def execution_claim(*, execution_id: int, worker: str) -> bool:
     expired = Execution.objects.filter(
         stale, active_run, pk=execution_id, status=ExecutionStatus.RUNNING
     )
-    return bool(
-        expired.update(
-            claimed_by=worker, lease_expires=lease, started=now, attempt=F("attempt") + 1
-        )
-    )
+    if not expired.update(
+        claimed_by=worker, lease_expires=lease, started=now, attempt=F("attempt") + 1
+    ):
+        return False
+    # The dead holder may have written files it never recorded: they go before this attempt.
+    execution_orphan_files_remove(execution_id=execution_id)
+    return True
 
 
 def execution_release(*, execution_id: int, worker: str, reason: str) -> bool:

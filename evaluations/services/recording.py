@@ -184,6 +184,34 @@ def _store_artifacts(execution: Execution, artifact: Any) -> None:
     Artifact.objects.bulk_create(rows)
 
 
+def execution_orphan_files_remove(*, execution_id: int) -> list[str]:
+    """Delete the files under an execution's artifact directory that no Artifact row names:
+    what a worker killed between writing a file and its row left behind. Called when another
+    worker takes the execution over; returns the names removed."""
+    row = Execution.objects.filter(pk=execution_id).values("run_id").first()
+    if row is None:
+        return []
+    kept = set(Artifact.objects.filter(execution_id=execution_id).values_list("file", flat=True))
+    removed = []
+    for name in _files_under(f"runs/{row['run_id']}/executions/{execution_id}"):
+        if name not in kept:
+            with contextlib.suppress(OSError):
+                default_storage.delete(name)
+                removed.append(name)
+    return removed
+
+
+def _files_under(directory: str) -> list[str]:
+    try:
+        directories, files = default_storage.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    names = [f"{directory}/{name}" for name in files]
+    for child in directories:
+        names += _files_under(f"{directory}/{child}")
+    return names
+
+
 def _json(value: Any) -> str:
     from dataclasses import asdict, is_dataclass
 

@@ -5,6 +5,7 @@ other claimant still waits for the lease."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
@@ -41,3 +42,23 @@ def test_the_same_task_back_takes_over_a_lease_its_dead_process_held(project: Pr
         f"node-b:{task}",
         2,
     )
+
+
+def test_files_a_dead_holder_wrote_without_rows_are_removed_on_takeover(
+    project: Project, settings: Any, tmp_path: Any
+) -> None:
+    from django.core.files.base import ContentFile
+    from django.core.files.storage import default_storage
+
+    version = services.spec_version_create(project=project, source_yaml=SPEC)
+    run = services.run_create(spec_version=version, enqueue=False)
+    [execution_id] = services.run_plan(run_id=run.pk)
+    task = str(uuid.uuid4())
+    assert services.execution_claim(execution_id=execution_id, worker=f"node-a:{task}")
+    # The holder wrote a file, then was killed before its Artifact row.
+    orphan = default_storage.save(
+        f"runs/{run.pk}/executions/{execution_id}/stdout/stdout.txt", ContentFile(b"half")
+    )
+    assert default_storage.exists(orphan)
+    assert services.execution_claim(execution_id=execution_id, worker=f"node-b:{task}")
+    assert not default_storage.exists(orphan)
