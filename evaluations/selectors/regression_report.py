@@ -40,6 +40,9 @@ class RegressionRow:
     run_url: str
     # The compare page: this run against its spec's baseline, cell by cell, with p-values.
     compare_url: str = ""
+    baseline_counts: str = ""
+    current_counts: str = ""
+    p_value: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -77,6 +80,9 @@ CSV_COLUMNS = [
     "group",
     "baseline_pass_rate",
     "current_pass_rate",
+    "baseline_counts",
+    "current_counts",
+    "p_value",
     "status",
     "failure_codes",
     "run_url",
@@ -132,6 +138,9 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
             failure_codes=r.failure_codes,
             run_url=reverse("run_detail", args=[project.slug, r.run_id]),
             compare_url=reverse("run_compare", args=[project.slug, r.run_id]),
+            baseline_counts=r.baseline_counts,
+            current_counts=r.current_counts,
+            p_value=r.p_value,
             labels={str(k): str(v) for k, v in (run["labels"] or {}).items()},
         )
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.models.fields.json import KeyTransform
 
+from checks.compare import p_drop
 from evaluations.models import (
     Baseline,
     Project,
@@ -33,6 +34,11 @@ class Regression:
     current_pass_rate: float | None
     current_status: str
     failure_codes: list[str]
+    # Replicas that passed of those that ran, in the baseline and now, and Fisher's exact
+    # one-sided p-value of the change (checks.compare); None where a side has no counts.
+    baseline_counts: str = ""
+    current_counts: str = ""
+    p_value: float | None = None
 
 
 def group_key(group: dict[str, Any]) -> str:
@@ -66,6 +72,23 @@ def _group_pass_rate(group: dict[str, Any]) -> float | None:
         if isinstance(group.get(name), int | float):
             return float(group[name])
     return None
+
+
+def _counts_and_p(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    def counts(group: dict[str, Any]) -> tuple[int, int] | None:
+        c, n = group.get("c"), group.get("n")
+        return (int(c), int(n)) if isinstance(c, int) and isinstance(n, int) and n else None
+
+    before, after = counts(old), counts(new)
+    if before is None or after is None:
+        return {}
+    drop = after[0] / after[1] < before[0] / before[1]
+    p = p_drop(*before, *after) if drop else p_drop(*after, *before)
+    return {
+        "baseline_counts": f"{before[0]}/{before[1]}",
+        "current_counts": f"{after[0]}/{after[1]}",
+        "p_value": p,
+    }
 
 
 def project_regressions(project: Project) -> list[Regression]:
@@ -111,6 +134,7 @@ def project_group_changes(project: Project) -> tuple[list[Regression], list[Regr
                     current_pass_rate=_group_pass_rate(new),
                     current_status=str(new.get("status") or "fail"),
                     failure_codes=[str(c) for c in new.get("failure_codes") or []],
+                    **_counts_and_p(old, new),
                 )
             )
     return regressions, improvements

@@ -92,13 +92,25 @@ def baseline_of(spec: Spec, run: Run, groups: list[dict[str, Any]]) -> Baseline:
     )
 
 
-PASSING = [{"key": "no-chaos / prompt 0", "passed": True, "pass_rate": 1.0, "status": "pass"}]
+# A group as RunSummary.to_dict writes it: c of n replicas passed.
+PASSING = [
+    {
+        "key": "no-chaos / prompt 0",
+        "passed": True,
+        "pass_rate": 1.0,
+        "status": "pass",
+        "c": 1,
+        "n": 1,
+    }
+]
 FAILING = [
     {
         "key": "no-chaos / prompt 0",
         "passed": False,
         "pass_rate": 0.0,
         "status": "fail",
+        "c": 0,
+        "n": 1,
         "failure_codes": ["CONTAINS_FAILED"],
     }
 ]

@@ -144,6 +144,9 @@ def test_the_report_lists_a_regression_and_exports_it(
     (row,) = data["regressions"]
     assert (row["spec"], row["branch"], row["run_id"]) == ("refund-agent", "main", regressed.pk)
     assert (row["baseline_pass_rate"], row["current_pass_rate"]) == (1.0, 0.0)
+    # Counts and Fisher's exact p-value of the drop (issue 15): 1/1 -> 0/1 tells nothing yet.
+    assert (row["baseline_counts"], row["current_counts"]) == ("1/1", "0/1")
+    assert row["p_value"] == pytest.approx(0.5)
     rows = list(
         csv.DictReader(io.StringIO(client.get(report_url(mine, format="csv")).content.decode()))
     )
