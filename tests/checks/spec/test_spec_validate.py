@@ -350,3 +350,16 @@ def test_behavior_unchanged_auto_needs_a_chaos_free_scenario() -> None:
         == []
     )
     assert messages(VALID + check.split("chaos_matrix")[0]) == []  # the implicit no-chaos
+
+
+def test_replay_tool_responses_in_another_shape_are_refused_at_validation() -> None:
+    # issue 19: support-agent-live's session gave one answer where the runner reads a list,
+    # and only failed when the run was planned.
+    text = VALID + (
+        "replay:\n  sessions:\n    - id: s\n      input: x\n      tool_responses:\n"
+        '        lookup_ticket: {"ticket_id": "T-19"}\n'
+    )
+    assert messages(text) == [
+        "replay.sessions[0].tool_responses.lookup_ticket: expected a list, got a mapping"
+        " at line 17, col 24"
+    ]
