@@ -394,9 +394,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from django.core.management import call_command
 
     if args.demo:
-        from evaluations.services import demo_load
+        from evaluations.services import demo_load, demo_runs_seed
 
-        for line in demo_load():
+        for line in [*demo_load(), *demo_runs_seed()]:
             print(line)
     stop = threading.Event()
     if settings.CELERY_TASK_ALWAYS_EAGER:

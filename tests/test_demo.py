@@ -47,3 +47,28 @@ def test_a_demo_spec_started_from_the_web_finds_its_relative_files() -> None:
     assert executions and all(e.status in {"success", "failed"} for e in executions), [
         (e.status, e.error) for e in executions
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_demo_starts_with_a_history_its_worker_really_runs() -> None:
+    """Issue 19: the demo's pages have runs to show, made by running the demo specs."""
+    from evaluations.embedded_worker import work_once
+    from evaluations.models import Run, RunStatus
+    from evaluations.services import demo_runs_seed
+
+    demo_load()
+    lines = demo_runs_seed()
+    assert len(lines) == 3 and demo_runs_seed() == []  # once
+    for _ in range(100):
+        if work_once("demo:test") is None:
+            break
+    runs = {(r.spec.slug, r.branch): r for r in Run.objects.select_related("spec")}
+    assert set(runs) == {
+        ("calculator-fix", "main"),
+        ("calculator-fix", "feature/tidy"),
+        ("support-agent-python", "main"),
+    }
+    assert all(r.status == RunStatus.COMPLETED for r in runs.values())
+    # calculator-fix fails its second prompt on purpose; both branches show it.
+    assert runs[("calculator-fix", "main")].exit_code == 1

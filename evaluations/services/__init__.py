@@ -41,6 +41,7 @@ from evaluations.services.finalize import run_finalize, run_finalize_if_done
 from evaluations.services.projects import (
     MembershipError,
     demo_load,
+    demo_runs_seed,
     membership_add,
     membership_remove,
     membership_set_role,
@@ -109,6 +110,7 @@ __all__ = [
     "TokenError",
     "baseline_promote",
     "demo_load",
+    "demo_runs_seed",
     "engine_spec",
     "execution_claim",
     "execution_enqueue",

@@ -124,6 +124,40 @@ def project_default() -> Project:
     return project
 
 
+# A first history for the demo: a spec on two branches (one prompt fails on purpose) and the
+# python support agent, so the pages have something true to show.
+DEMO_RUNS = (
+    ("calculator-fix", "main"),
+    ("calculator-fix", "feature/tidy"),
+    ("support-agent-python", "main"),
+)
+
+
+def demo_runs_seed() -> list[str]:
+    """Queue the demo's first runs, once (only while the default project has no run): the
+    worker beside `keystone serve --demo` executes them at start-up."""
+    from evaluations.models import Run, SpecVersion, Trigger
+    from evaluations.services.runs import run_create
+
+    project = project_default()
+    if Run.objects.filter(project=project).exists():
+        return []
+    lines = []
+    for slug, branch in DEMO_RUNS:
+        version = (
+            SpecVersion.objects.filter(spec__project=project, spec__slug=slug)
+            .order_by("-number")
+            .first()
+        )
+        if version is None:
+            continue
+        run = run_create(
+            spec_version=version, trigger=Trigger.WEB, labels={"branch": branch}, enqueue=False
+        )
+        lines.append(f"demo run #{run.pk}: {slug} on {branch}, queued for the worker")
+    return lines
+
+
 def demo_load() -> list[str]:
     """Store the example specs in the default project (idempotent), for `keystone serve --demo`."""
     from django.contrib.auth import get_user_model
