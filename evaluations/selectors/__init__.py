@@ -42,7 +42,11 @@ from evaluations.selectors.regression_report import (
     report_json,
     report_markdown,
 )
-from evaluations.selectors.regressions import group_key, project_regressions
+from evaluations.selectors.regressions import (
+    group_key,
+    project_has_baseline,
+    project_regressions,
+)
 from evaluations.selectors.reviews import (
     AgreementRow,
     ReviewFilters,
@@ -130,6 +134,7 @@ __all__ = [
     "pending_review_items",
     "project_api_tokens",
     "project_members",
+    "project_has_baseline",
     "project_regressions",
     "project_spec_slugs",
     "project_trend_points",

@@ -138,3 +138,8 @@ def project_group_changes(project: Project) -> tuple[list[Regression], list[Regr
                 )
             )
     return regressions, improvements
+
+
+def project_has_baseline(project: Project) -> bool:
+    """Whether any spec of the project has an active baseline to compare runs with."""
+    return Baseline.objects.filter(project=project, active=True).exists()

@@ -100,6 +100,9 @@ def overview(request: HttpRequest, project_slug: str) -> HttpResponse:
     if is_htmx(request):
         return render(request, "projects/overview.html#latest-runs", context)
     context["regressions"] = selectors.project_regressions(access.project)
+    context["has_baseline"] = bool(context["regressions"]) or selectors.project_has_baseline(
+        access.project
+    )
     context["charts"] = _overview_charts(access)
     return render(request, "projects/overview.html", context)
 

@@ -52,3 +52,11 @@ def test_404_and_403_pages_are_inside_the_layout(
 def test_a_moment_ago_reads_just_now() -> None:
     assert ago(timezone.now() - timedelta(seconds=5)) == "just now"
     assert ago(timezone.now() - timedelta(hours=3, minutes=1)) == "3\xa0hours, 1\xa0minute ago"
+
+
+def test_the_overview_says_there_is_no_baseline_instead_of_no_regressions(
+    project: Project, member: Client
+) -> None:
+    html = member.get(f"/p/{project.slug}/").content.decode()
+    assert 'id="no-baseline"' in html
+    assert "No regressions" not in html
