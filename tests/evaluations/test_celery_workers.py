@@ -170,12 +170,12 @@ def broker(test_redis_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def start_worker(broker: str, tmp_path: Path) -> Iterator[Callable[[str], Worker]]:
+def start_worker(broker: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Start real worker processes; every one is killed (whole process group) afterwards."""
     database_url = _test_database_url()
     workers: list[Worker] = []
 
-    def start(name: str) -> Worker:
+    def start(name: str, lease_seconds: int = LEASE_SECONDS) -> Worker:
         home = tmp_path / f"home-{name}"
         home.mkdir()
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
@@ -183,7 +183,7 @@ def start_worker(broker: str, tmp_path: Path) -> Iterator[Callable[[str], Worker
             DATABASE_URL=database_url,
             CELERY_BROKER_URL=broker,
             KEYSTONE_HOME=str(home),
-            KEYSTONE_EXECUTION_LEASE_SECONDS=str(LEASE_SECONDS),
+            KEYSTONE_EXECUTION_LEASE_SECONDS=str(lease_seconds),
             DEBUG="true",
             PYTHONUNBUFFERED="1",
         )
@@ -356,3 +356,48 @@ def test_run_completes_after_a_worker_is_killed_with_sigkill(
         assert rerun.attempt >= 2, (execution_id, rerun.attempt, rerun.claimed_by)
         assert rerun.claimed_by.startswith("survivor@")
     assert run.exit_code == 0, run.summary
+
+
+ONE_SLOW_SPEC = SLOW_SPEC.replace("id: celery-slow", "id: celery-one-slow").replace(
+    'prompts: ["first", "second"]', 'prompts: ["only"]'
+)
+
+
+def _pool_children(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    children.append(int(entry.name))
+    return children
+
+
+def test_a_killed_pool_child_hands_its_execution_over_at_once(
+    start_worker: Callable[..., Worker],
+) -> None:
+    """Issue 20, item 6: the OOM killer takes the pool child running an execution. Celery
+    redelivers its task at once, and the same task id takes the execution over without
+    waiting out the lease (300 s here)."""
+    worker = start_worker("solo", lease_seconds=300)
+    _wait_ready([worker])
+    run = _queue_run(ONE_SLOW_SPEC.replace("replicas: 6", "replicas: 1"))
+    deadline = time.monotonic() + 60
+    while (
+        time.monotonic() < deadline
+        and not Execution.objects.filter(run=run, status=ExecutionStatus.RUNNING).exists()
+    ):
+        time.sleep(0.1)
+    children = _pool_children(worker.process.pid)
+    assert children, "no pool child:\n" + _logs([worker])
+    killed = time.monotonic()
+    for child in children:
+        os.kill(child, signal.SIGKILL)
+    run = _wait_run(run.pk, [worker], timeout=120)
+    logs = _logs([worker])
+    assert run.status == RunStatus.COMPLETED, logs
+    assert time.monotonic() - killed < 90, logs  # not the 300 s lease
+    executions = list(Execution.objects.filter(run=run))
+    assert all(e.status == ExecutionStatus.SUCCESS for e in executions), logs
+    assert max(e.attempt for e in executions) >= 2, logs
