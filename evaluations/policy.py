@@ -37,6 +37,8 @@ class Policy:
     max_memory_mb: int
     max_cpus: float
     max_executions: int
+    max_processes: int = 4096
+    allow_host_network: bool = False
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(what, value, setting) for the settings page."""
@@ -56,7 +58,13 @@ class Policy:
             ),
             ("most memory (MB)", str(self.max_memory_mb), "KEYSTONE_POLICY_MAX_MEMORY_MB"),
             ("most CPUs", f"{self.max_cpus:g}", "KEYSTONE_POLICY_MAX_CPUS"),
+            ("most processes", str(self.max_processes), "KEYSTONE_POLICY_MAX_PROCESSES"),
             ("most executions per run", str(self.max_executions), "KEYSTONE_POLICY_MAX_EXECUTIONS"),
+            (
+                "the host's network (sandbox.network: host)",
+                "allowed" if self.allow_host_network else "refused",
+                "KEYSTONE_POLICY_ALLOW_HOST_NETWORK",
+            ),
         ]
 
 
@@ -70,6 +78,8 @@ def current() -> Policy:
         max_memory_mb=settings.KEYSTONE_POLICY_MAX_MEMORY_MB,
         max_cpus=settings.KEYSTONE_POLICY_MAX_CPUS,
         max_executions=settings.KEYSTONE_POLICY_MAX_EXECUTIONS,
+        max_processes=settings.KEYSTONE_POLICY_MAX_PROCESSES,
+        allow_host_network=settings.KEYSTONE_POLICY_ALLOW_HOST_NETWORK,
     )
 
 
@@ -97,6 +107,14 @@ def spec_refusals(parsed: dict[str, Any], policy: Policy | None = None) -> list[
                 "set KEYSTONE_POLICY_MIN_BACKEND to allow it)",
             )
         )
+    if sandbox.get("network") == "host" and not policy.allow_host_network:
+        problems.append(
+            (
+                "sandbox.network",
+                "'host' would let the agent reach everything the worker can, this server's "
+                "own database included (set KEYSTONE_POLICY_ALLOW_HOST_NETWORK=true to allow it)",
+            )
+        )
     for index, name in enumerate(parsed.get("secrets") or []):
         if is_server_secret(str(name)):
             problems.append(
@@ -115,6 +133,7 @@ def spec_refusals(parsed: dict[str, Any], policy: Policy | None = None) -> list[
         ("max_output_bytes", policy.max_output_bytes, "KEYSTONE_POLICY_MAX_OUTPUT_BYTES"),
         ("memory_mb", policy.max_memory_mb, "KEYSTONE_POLICY_MAX_MEMORY_MB"),
         ("cpus", policy.max_cpus, "KEYSTONE_POLICY_MAX_CPUS"),
+        ("max_processes", policy.max_processes, "KEYSTONE_POLICY_MAX_PROCESSES"),
     )
     for key, ceiling, setting in ceilings:
         value = resources.get(key)

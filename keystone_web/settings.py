@@ -297,6 +297,10 @@ KEYSTONE_POLICY_MAX_OUTPUT_BYTES = env_int("KEYSTONE_POLICY_MAX_OUTPUT_BYTES", 6
 KEYSTONE_POLICY_MAX_MEMORY_MB = env_int("KEYSTONE_POLICY_MAX_MEMORY_MB", 8192)
 KEYSTONE_POLICY_MAX_CPUS = env_float("KEYSTONE_POLICY_MAX_CPUS", 8.0)
 KEYSTONE_POLICY_MAX_EXECUTIONS = env_int("KEYSTONE_POLICY_MAX_EXECUTIONS", 10_000)
+KEYSTONE_POLICY_MAX_PROCESSES = env_int("KEYSTONE_POLICY_MAX_PROCESSES", 4096)
+# `sandbox.network: host` hands the agent the worker's own network (the server's database,
+# Redis, web port): only when the operator says so.
+KEYSTONE_POLICY_ALLOW_HOST_NETWORK = env_bool("KEYSTONE_POLICY_ALLOW_HOST_NETWORK", False)
 if KEYSTONE_SANDBOX_BACKEND not in {"", "local", "bwrap", "docker"}:
     raise ImproperlyConfigured(
         f"KEYSTONE_SANDBOX_BACKEND={KEYSTONE_SANDBOX_BACKEND!r}: use local, bwrap, docker or empty"

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from checks import safe_files
-from evaluations.runner.sandbox import ProcessResult, Sandbox
+from evaluations.runner.egress import Endpoint
+from evaluations.runner.sandbox import DEFAULT_MAX_PROCESSES, ProcessResult, Sandbox
 from evaluations.runner.workspace import KEYSTONE_DIR
 
 AGENT_TYPES = ("command", "http", "python")
@@ -64,6 +65,8 @@ def invoke_agent(
     context: dict[str, Any],
     cpus: float | None = None,
     memory_mb: int | None = None,
+    egress: Sequence[Endpoint] = (),
+    max_processes: int | None = DEFAULT_MAX_PROCESSES,
 ) -> AgentResult:
     """Run the agent once on `prompt`. `env` holds Keystone's variables for this execution
     (gateway, services, tools); the agent's own `env` is merged over it. The stricter of the
@@ -92,6 +95,8 @@ def invoke_agent(
         network=network,
         cpus=cpus,
         memory_mb=memory_mb,
+        egress=egress,
+        max_processes=max_processes,
     )
     try:
         if kind == "command":
@@ -115,6 +120,7 @@ def reset_agent(
     spec_dir: Path,
     timeout: float = 60.0,
     network: str = "services",
+    egress: Sequence[Endpoint] = (),
 ) -> str | None:
     """Call the agent's reset hook before an execution. Returns an error message, or None
     when the reset worked or there is nothing to reset (command agents start fresh anyway)."""
@@ -130,6 +136,7 @@ def reset_agent(
             timeout=timeout,
             max_output_bytes=1024 * 1024,
             network=network,
+            egress=egress,
         )
         request = {"mode": "reset", "reset_function": agent_config["reset_function"]}
         process, record = _run_host(agent_config, request, "", invocation)
@@ -170,6 +177,8 @@ class _SandboxInvocation:
     network: str
     cpus: float | None = None
     memory_mb: int | None = None
+    egress: Sequence[Endpoint] = ()
+    max_processes: int | None = DEFAULT_MAX_PROCESSES
 
     @property
     def inside(self) -> str:
@@ -216,6 +225,8 @@ class _SandboxInvocation:
             memory_mb=self.memory_mb,
             network=self.network,
             ro_binds=self.ro_binds(),
+            egress=self.egress,
+            max_processes=self.max_processes,
         )
 
 

@@ -166,8 +166,10 @@ class _Closable(Protocol):
 
 
 class _ServerDatabaseService(DatabaseService):
-    """A database of its own on a shared server (PostgreSQL, MySQL): created and dropped
-    through an admin connection to `server_url`, queried through one kept connection."""
+    """A database of its own on a shared server (PostgreSQL, MySQL), with a login of its own
+    that has rights on that database only: created and dropped through an admin connection to
+    `server_url` (whose credentials never reach the agent), queried through one kept
+    connection as the execution's own user."""
 
     default_port: int
 
@@ -175,8 +177,22 @@ class _ServerDatabaseService(DatabaseService):
         super().__init__(name, seed)
         self.server_url = server_url
         self.database = database
+        self.user = self.user_for(database)
+        self.password = secrets.token_urlsafe(18)
         self._parts = urlsplit(server_url)
         self._conn: _Closable | None = None  # each server type narrows it to its driver's
+
+    @staticmethod
+    def user_for(database: str) -> str:
+        return database
+
+    @property
+    def dsn(self) -> str:
+        host = self._parts.hostname or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        port = f":{self._parts.port}" if self._parts.port else ""
+        netloc = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}@{host}{port}"
+        return urlunsplit(self._parts._replace(netloc=netloc, path="/" + quote(self.database)))
 
     @abstractmethod
     def drop(self) -> None:
@@ -200,6 +216,7 @@ class _ServerDatabaseService(DatabaseService):
             "url": self.dsn,
             "dsn": self.dsn,
             "database": self.database,
+            "user": self.user,
         }
 
 
@@ -207,10 +224,12 @@ class _ServerDatabaseService(DatabaseService):
 
 
 def _drop_postgres_database(admin: psycopg.Connection[tuple[Any, ...]], database: str) -> None:
+    """Drop the database and its login role (of the same name)."""
     # FORCE: an agent that left a connection open must not keep its database alive.
     admin.execute(
         pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(database))
     )
+    admin.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(pgsql.Identifier(database)))
 
 
 class PostgresService(_ServerDatabaseService):
@@ -218,17 +237,20 @@ class PostgresService(_ServerDatabaseService):
     default_port = 5432
     _conn: psycopg.Connection[tuple[Any, ...]] | None
 
-    @property
-    def dsn(self) -> str:
-        return urlunsplit(self._parts._replace(path="/" + self.database))
-
     def _admin_connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         return psycopg.connect(self.server_url, autocommit=True, connect_timeout=10)
 
     def start(self) -> None:
+        role, database = pgsql.Identifier(self.user), pgsql.Identifier(self.database)
         with self._admin_connection() as admin:
-            admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(self.database)))
-        self.created = True
+            admin.execute(
+                pgsql.SQL(
+                    "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}"
+                ).format(role, pgsql.Literal(self.password))
+            )
+            self.created = True  # from here on, stop() drops what exists
+            admin.execute(pgsql.SQL("CREATE DATABASE {} OWNER {}").format(database, role))
+            admin.execute(pgsql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(database))
         conn = self._connection()
         for script in self.seed.scripts:
             # Without parameters psycopg sends the simple query protocol, which runs a
@@ -277,24 +299,30 @@ class PostgresService(_ServerDatabaseService):
 # --- MySQL / MariaDB ------------------------------------------------------------------------
 
 
+# A TCP login from 127.0.0.1 matches 'localhost' on some servers and '%' on others.
+_MYSQL_USER_HOSTS = ("%", "localhost")
+
+
 class MysqlService(_ServerDatabaseService):
     type = "mysql"
     default_port = 3306
     _conn: pymysql.connections.Connection[Any] | None
 
-    @property
-    def dsn(self) -> str:
-        return urlunsplit(self._parts._replace(path="/" + quote(self.database)))
+    @staticmethod
+    def user_for(database: str) -> str:
+        # MySQL allows 32 characters in a user name: `ks_u_` and the database's unique suffix
+        # (creation time and random), which `database_created_at` still reads for the sweep.
+        return "ks_u_" + database[-13:]
 
     def _connect(
-        self, database: str | None, multi: bool = False
+        self, database: str | None, multi: bool = False, *, as_admin: bool = True
     ) -> pymysql.connections.Connection[Any]:
         query = dict(pair.split("=", 1) for pair in self._parts.query.split("&") if "=" in pair)
         return pymysql.connect(
             host=self._parts.hostname or "127.0.0.1",
             port=self._parts.port or 3306,
-            user=unquote(self._parts.username or "root"),
-            password=unquote(self._parts.password or ""),
+            user=unquote(self._parts.username or "root") if as_admin else self.user,
+            password=unquote(self._parts.password or "") if as_admin else self.password,
             database=database,
             unix_socket=query.get("unix_socket"),
             charset="utf8mb4",
@@ -307,12 +335,20 @@ class MysqlService(_ServerDatabaseService):
         admin = self._connect(None)
         try:
             with admin.cursor() as cursor:
+                for host in _MYSQL_USER_HOSTS:
+                    cursor.execute(
+                        "CREATE USER %s@%s IDENTIFIED BY %s", (self.user, host, self.password)
+                    )
+                self.created = True  # from here on, stop() drops what exists
                 cursor.execute(f"CREATE DATABASE `{self.database}` CHARACTER SET utf8mb4")
+                for host in _MYSQL_USER_HOSTS:
+                    cursor.execute(
+                        f"GRANT ALL PRIVILEGES ON `{self.database}`.* TO %s@%s", (self.user, host)
+                    )
         finally:
             admin.close()
-        self.created = True
         if self.seed.scripts:
-            seeder = self._connect(self.database, multi=True)
+            seeder = self._connect(self.database, multi=True, as_admin=False)
             try:
                 with seeder.cursor() as cursor:
                     for script in self.seed.scripts:
@@ -340,12 +376,14 @@ class MysqlService(_ServerDatabaseService):
                         cursor.execute(f"KILL {int(session)}")
                 cursor.execute("SET SESSION lock_wait_timeout = 30")
                 cursor.execute(f"DROP DATABASE IF EXISTS `{self.database}`")
+                for host in _MYSQL_USER_HOSTS:
+                    cursor.execute("DROP USER IF EXISTS %s@%s", (self.user, host))
         finally:
             admin.close()
 
     def _connection(self) -> pymysql.connections.Connection[Any]:
         if self._conn is None or not self._conn.open:
-            self._conn = self._connect(self.database)
+            self._conn = self._connect(self.database, as_admin=False)
         return self._conn
 
     def query(self, sql: str) -> list[tuple[Any, ...]]:
@@ -513,6 +551,10 @@ def sweep_stale_databases(
             for name in stale(names):
                 _drop_postgres_database(admin, name)
                 dropped.append(name)
+            # A role whose database was never created (the worker died in between).
+            roles = admin.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'ks\\_%'")
+            for name in stale([str(row[0]) for row in roles.fetchall()]):
+                admin.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(pgsql.Identifier(name)))
     if mysql_url:
         probe = MysqlService("sweep", Seed(), server_url=mysql_url, database="")
         conn = probe._connect(None)
@@ -524,6 +566,12 @@ def sweep_stale_databases(
                 # Same path as a normal exit: end leftover sessions, then drop.
                 MysqlService("sweep", Seed(), server_url=mysql_url, database=name).drop()
                 dropped.append(name)
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT DISTINCT user FROM mysql.user WHERE user LIKE 'ks\\_u\\_%'")
+                users = [str(row[0]) for row in cursor.fetchall()]
+                for user in stale(users):
+                    for host in _MYSQL_USER_HOSTS:
+                        cursor.execute("DROP USER IF EXISTS %s@%s", (user, host))
         finally:
             conn.close()
     return dropped

@@ -25,13 +25,15 @@ from checks.planning import PlannedExecution
 from checks.redaction import redact, redact_artifact, redact_results, usable_secrets
 from checks.results import PROVIDER_CODES, CheckResult
 from checks.spec.model import Scenario, Spec
+from evaluations.runner import cgroups
 from evaluations.runner import workspace as ws
 from evaluations.runner.agents import invoke_agent, reset_agent
 from evaluations.runner.audit import write_audit
 from evaluations.runner.context_attacks import apply_to_messages
+from evaluations.runner.egress import Endpoint
 from evaluations.runner.gateway import Gateway
 from evaluations.runner.outputs import collect_output_artifacts
-from evaluations.runner.sandbox import Sandbox, select_backend
+from evaluations.runner.sandbox import DEFAULT_MAX_PROCESSES, Sandbox, select_backend
 from evaluations.runner.services import ServiceSet
 from evaluations.runner.toolproxy import ToolProxy, with_model_arguments
 
@@ -90,6 +92,11 @@ def run_execution(
         sandbox, warning = choose_sandbox(spec, config.sandbox_backend)
         if warning:
             warnings.append(warning)
+    limited, why_not = cgroups.support()
+    if not limited and sandbox.name != "docker":  # docker's engine enforces its own
+        warnings.append(
+            f"process-count and whole-tree memory limits are not enforced on this host: {why_not}"
+        )
     sandbox_conf = spec.raw.get("sandbox") or {}
     resources = sandbox_conf.get("resources") or {}
     timeout = float(resources.get("timeout") or spec.agent.get("timeout") or DEFAULT_TIMEOUT)
@@ -108,14 +115,17 @@ def run_execution(
         with _world(spec, planned, scenario, config, workspace, execution_key, seed) as world:
             services, gateway, proxy = world
             env = _agent_env(spec, planned, workspace, services, gateway, proxy, config.secrets)
+            egress = _egress(services, gateway, proxy)
             run_kwargs: dict[str, Any] = {
                 "workspace": workspace,
                 "env": env,
                 "timeout": timeout,
                 "max_output_bytes": max_output,
                 "network": network,
+                "egress": egress,
                 "cpus": resources.get("cpus", 2),
                 "memory_mb": resources.get("memory_mb", 2048),
+                "max_processes": resources.get("max_processes", DEFAULT_MAX_PROCESSES),
             }
             setup_error = _run_setup(spec, sandbox, run_kwargs)
             if not setup_error:
@@ -127,6 +137,8 @@ def run_execution(
                     workspace=workspace,
                     env=env,
                     spec_dir=config.spec_dir,
+                    network=network,
+                    egress=egress,
                 )
                 setup_error = f"agent reset failed: {reset_error}" if reset_error else None
             before = ws.snapshot(workspace)
@@ -197,7 +209,7 @@ def run_execution(
                 scenario=scenario.name,
                 services=services.handles,
                 policy=config.policy,
-                run_command=sandbox.command_runner(workspace, env),
+                run_command=sandbox.command_runner(workspace, env, network=network, egress=egress),
                 baseline_output=baseline_output,
                 sandbox_id=execution_key,
                 judge=config.judge,
@@ -287,6 +299,29 @@ def _world(
                 )
             )
         yield services, gateway, proxy
+
+
+def _egress(
+    services: ServiceSet, gateway: Gateway | None, proxy: ToolProxy | None
+) -> list[Endpoint]:
+    """Every address this execution declared, the only ones `network: services` reaches:
+    the gateway, the tool proxy, HTTP mocks, and the database services, each of those
+    admitting only its own role and database."""
+    urls = [url for url in (gateway and gateway.base_url, proxy and proxy.base_url) if url]
+    endpoints = [e for e in map(Endpoint.from_url, urls) if e is not None]
+    for handle in services.handles.values():
+        described = handle.describe()
+        if not described.get("port"):
+            continue  # sqlite: a file in the workspace
+        login = {}
+        if described["type"] in ("postgres", "mysql"):
+            login = {
+                "protocol": described["type"],
+                "user": described["user"],
+                "database": described["database"],
+            }
+        endpoints.append(Endpoint(described["host"], int(described["port"]), **login))
+    return endpoints
 
 
 def _agent_context(planned: PlannedExecution, scenario: Scenario) -> dict[str, Any]:

@@ -34,10 +34,16 @@ from typing import Any
 
 from checks import safe_files
 from checks.context import CommandResult, CommandRunner
+from evaluations.runner import relay
+from evaluations.runner.cgroups import CommandCgroup
+from evaluations.runner.egress import EgressRelay, Endpoint
 
 NETWORK_MODES = ("none", "services", "host")
 DEFAULT_MAX_OUTPUT_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_FILE_BYTES = 1024 * 1024 * 1024
+# Processes (threads included) the whole command tree may have at once: a fork bomb stops
+# here. Enforced through a cgroup where the host has one to give (evaluations/runner/cgroups.py).
+DEFAULT_MAX_PROCESSES = 512
 # How long to keep reading a pipe after the process exited (its killed children close it).
 _DRAIN_SECONDS = 2.0
 _READ_CHUNK = 64 * 1024
@@ -77,6 +83,8 @@ class _RunRequest:
     network: str
     ro_binds: Sequence[Path]
     max_file_bytes: int
+    egress: Sequence[Endpoint]
+    max_processes: int | None
 
 
 class Sandbox(ABC):
@@ -96,9 +104,13 @@ class Sandbox(ABC):
         network: str = "services",
         ro_binds: Sequence[Path] = (),
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        egress: Sequence[Endpoint] = (),
+        max_processes: int | None = DEFAULT_MAX_PROCESSES,
     ) -> ProcessResult:
         """Run `sh -c command` in `workspace` with exactly `env` (plus minimal defaults).
-        `ro_binds` are extra host directories the command may read, at the same path."""
+        `ro_binds` are extra host directories the command may read, at the same path.
+        `egress` are the only addresses `network: services` lets the command reach (where
+        the backend can enforce it: bwrap)."""
         # Checked for every backend, local included where the mode cannot be enforced, so
         # that a typo fails everywhere alike.
         _check_network(network)
@@ -115,6 +127,8 @@ class Sandbox(ABC):
             network=network,
             ro_binds=ro_binds,
             max_file_bytes=max_file_bytes,
+            egress=tuple(egress),
+            max_processes=max_processes,
         )
         return self._run(request)
 
@@ -149,6 +163,7 @@ class Sandbox(ABC):
         memory_mb: int | None = None,
         max_output_bytes: int = 1024 * 1024,
         ro_binds: Sequence[Path] = (),
+        egress: Sequence[Endpoint] = (),
     ) -> CommandRunner:
         """A `checks` CommandRunner, so `command_exit` checks run where the agent ran."""
 
@@ -164,6 +179,7 @@ class Sandbox(ABC):
                 memory_mb=memory_mb,
                 network=network,
                 ro_binds=ro_binds,
+                egress=egress,
             )
             stderr = result.stderr if result.error is None else (result.stderr + result.error)
             exit_code = result.exit_code if result.exit_code is not None else -1
@@ -259,14 +275,41 @@ class _ProcessSandbox(Sandbox):
 
     @abstractmethod
     def argv(
-        self, command: str, *, workspace: Path, network: str, ro_binds: Sequence[Path] = ()
+        self,
+        command: str,
+        *,
+        workspace: Path,
+        network: str,
+        ro_binds: Sequence[Path] = (),
+        egress: EgressRelay | None = None,
     ) -> list[str]:
-        """What to execute on this machine so that `sh -c command` runs as the backend means."""
+        """What to execute on this machine so that `sh -c command` runs as the backend means;
+        `egress` is the worker's end of the relay to the execution's endpoints, when the
+        backend gives the command a network of its own."""
 
     def _run(self, request: _RunRequest) -> ProcessResult:
+        with contextlib.ExitStack() as stack:
+            egress = None
+            if self.isolates_network and request.network == "services" and request.egress:
+                egress = stack.enter_context(EgressRelay(request.egress))
+            group = stack.enter_context(
+                CommandCgroup(max_processes=request.max_processes, memory_mb=request.memory_mb)
+            )
+            return self._start(request, egress, group)
+
+    # Whether `network: services` gets a network namespace reaching only `egress`.
+    isolates_network = False
+
+    def _start(
+        self, request: _RunRequest, egress: EgressRelay | None, group: CommandCgroup
+    ) -> ProcessResult:
         workspace = request.workspace
         argv = self.argv(
-            request.command, workspace=workspace, network=request.network, ro_binds=request.ro_binds
+            request.command,
+            workspace=workspace,
+            network=request.network,
+            ro_binds=request.ro_binds,
+            egress=egress,
         )
         # The environment goes to the process itself, never onto a command line (bwrap's
         # --setenv), where any process on the host could read secrets in /proc/PID/cmdline.
@@ -277,7 +320,7 @@ class _ProcessSandbox(Sandbox):
         started = time.perf_counter()
         try:
             process = subprocess.Popen(
-                limits + argv,
+                group.wrap(limits + argv),
                 cwd=workspace,
                 env=env,
                 stdin=subprocess.PIPE if request.stdin is not None else subprocess.DEVNULL,
@@ -293,9 +336,15 @@ class _ProcessSandbox(Sandbox):
         with self._lock:
             self._running[process.pid] = process
         try:
-            return self._communicate(
+            result = self._communicate(
                 process, request.stdin, started, request.timeout, request.max_output_bytes
             )
+            if group.pids_hit_limit():  # said where the agent's own errors are read
+                result.stderr += (
+                    f"\nkeystone: the process limit ({request.max_processes}) was reached; "
+                    "further processes were refused (sandbox.resources.max_processes)\n"
+                )
+            return result
         finally:
             with self._lock:
                 self._running.pop(process.pid, None)
@@ -450,7 +499,13 @@ class LocalSandbox(_ProcessSandbox):
     name = "local"
 
     def argv(
-        self, command: str, *, workspace: Path, network: str, ro_binds: Sequence[Path] = ()
+        self,
+        command: str,
+        *,
+        workspace: Path,
+        network: str,
+        ro_binds: Sequence[Path] = (),
+        egress: EgressRelay | None = None,
     ) -> list[str]:
         # Nothing to isolate with: the workspace is the working directory, the network and
         # the extra binds are the host's own.
@@ -520,13 +575,20 @@ class BwrapSandbox(_ProcessSandbox):
     same path as on the host), a private /tmp and nothing else of the server."""
 
     name = "bwrap"
+    isolates_network = True
 
     def __init__(self, executable: str = "bwrap") -> None:
         super().__init__()
         self.executable = executable
 
     def argv(
-        self, command: str, *, workspace: Path, network: str, ro_binds: Sequence[Path] = ()
+        self,
+        command: str,
+        *,
+        workspace: Path,
+        network: str,
+        ro_binds: Sequence[Path] = (),
+        egress: EgressRelay | None = None,
     ) -> list[str]:
         args = [
             self.executable,
@@ -543,7 +605,9 @@ class BwrapSandbox(_ProcessSandbox):
             "--hostname",
             "keystone-sandbox",
         ]
-        if network == "none":
+        # `services`: a network namespace of its own too, reaching the execution's endpoints
+        # through the relay and nothing else (the server's database, Redis, web port...).
+        if network in ("none", "services"):
             args.append("--unshare-net")
         args += ["--ro-bind", "/usr", "/usr"]
         for path in _ROOT_LINKS:
@@ -552,16 +616,31 @@ class BwrapSandbox(_ProcessSandbox):
             elif os.path.isdir(path):
                 args += ["--ro-bind", path, path]
         for path in _ETC_ENTRIES:
+            if egress is not None and path == "/etc/hosts":
+                continue  # the relay's own, naming every endpoint's host 127.0.0.1
             args += ["--ro-bind-try", path, path]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         for path in _python_roots():
             args += ["--ro-bind", path, path]
         for extra in _safe_ro_binds(ro_binds, workspace):
             args += ["--ro-bind", extra, extra]
+        if egress is not None:
+            args += ["--ro-bind", str(egress.directory), _EGRESS_DIR]
+            args += ["--ro-bind", str(egress.directory / "hosts"), "/etc/hosts"]
+            args += ["--ro-bind", relay.__file__, _RELAY_SCRIPT]
         # The workspace last, so no other mount can hide it; only this one, never its parent.
-        args += ["--bind", str(workspace), str(workspace), "--chdir", str(workspace)]
-        args += ["--", "/bin/sh", "-c", command]
+        args += ["--bind", str(workspace), str(workspace), "--chdir", str(workspace), "--"]
+        if egress is not None:
+            # The relay binds the endpoints' ports inside, then execs the command.
+            args += [sys.executable, "-I", "-S", _RELAY_SCRIPT, _EGRESS_DIR]
+            args += [*(str(port) for port in egress.ports), "--"]
+        args += ["/bin/sh", "-c", command]
         return args
+
+
+# Where the relay's sockets and its script appear inside the sandbox.
+_EGRESS_DIR = "/run/keystone/egress"
+_RELAY_SCRIPT = "/run/keystone/relay.py"
 
 
 def _safe_ro_binds(ro_binds: Sequence[Path], workspace: Path) -> list[str]:
@@ -682,6 +761,7 @@ class DockerSandbox(Sandbox):
                 network_mode="none" if request.network == "none" else "host",
                 nano_cpus=int(request.cpus * 1e9) if request.cpus else None,
                 mem_limit=f"{request.memory_mb}m" if request.memory_mb else None,
+                pids_limit=request.max_processes,
                 user=user,
                 # No capability, no privilege gained through setuid files, a read-only root
                 # filesystem: the agent writes only its workspace and a private /tmp.

@@ -76,6 +76,17 @@ def _throwaway_postgres(directory: Path) -> tuple[list[str], str]:
     return [*pg_ctl, "-o", options], f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
 
+def _run_rows(url: str) -> int:
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=2) as conn:
+            row = conn.execute("SELECT count(*) FROM evaluations_run").fetchone()
+            return int(row[0]) if row else 0
+    except psycopg.Error:
+        return 0
+
+
 def test_keystone_run_waits_out_a_database_restart(tmp_path: Path, test_redis_url: str) -> None:
     """The database restarted while `keystone run` follows its run: it says it waits and goes
     on (here until its --timeout, as no worker takes the run), never 'internal error'."""
@@ -107,8 +118,15 @@ def test_keystone_run_waits_out_a_database_restart(tmp_path: Path, test_redis_ur
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(6)  # the run is created and followed
-        subprocess.run([*pg_ctl, "-m", "fast", "restart"], check=True, capture_output=True)
+        # Restart only once the run exists (the command then follows it, polling every
+        # 0.5 s), and stay down for longer than a poll: on a loaded machine the command
+        # may take seconds to start, and a quicker restart could go unseen.
+        deadline = time.monotonic() + 60
+        while not _run_rows(url) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        subprocess.run([*pg_ctl, "-m", "fast", "stop"], check=True, capture_output=True)
+        time.sleep(3)
+        subprocess.run([*pg_ctl, "start"], check=True, capture_output=True)
         out, err = process.communicate(timeout=120)
     finally:
         subprocess.run([*pg_ctl, "-m", "immediate", "stop"], check=False, capture_output=True)

@@ -62,6 +62,16 @@ def test_an_allow_list_of_secrets_is_enforced(project: Project, settings: Any) -
 
 
 @pytest.mark.django_db
+def test_the_hosts_network_is_refused_unless_the_operator_allows_it(
+    project: Project, settings: Any
+) -> None:
+    message = _refusal(project, "sandbox: {network: host}\n")
+    assert "sandbox.network" in message and "KEYSTONE_POLICY_ALLOW_HOST_NETWORK" in message
+    settings.KEYSTONE_POLICY_ALLOW_HOST_NETWORK = True
+    services.spec_version_create(project=project, source_yaml=BASE + "sandbox: {network: host}\n")
+
+
+@pytest.mark.django_db
 def test_limits_nobody_would_allow_are_refused(project: Project) -> None:
     message = _refusal(
         project, "sandbox:\n  resources: {max_output_bytes: 4000000000, memory_mb: 1000000}\n"

@@ -6,6 +6,7 @@ import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 import pymysql
@@ -73,8 +74,9 @@ def _mysql_agent(dsn: str) -> pymysql.connections.Connection[Any]:
     credentials, location = rest.split("@", 1)
     hostport, database = location.split("/", 1)
     host, port = hostport.split(":")
+    user, password = (unquote(part) for part in credentials.split(":", 1))
     return pymysql.connect(
-        host=host, port=int(port), user=credentials, database=database, autocommit=True
+        host=host, port=int(port), user=user, password=password, database=database, autocommit=True
     )
 
 
@@ -109,6 +111,45 @@ def test_postgres_database_is_created_seeded_written_and_dropped(tmp_path: Path)
             }
         ]
     assert _pg_databases(key) == []
+
+
+def _pg_roles(name: str) -> list[str]:
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        rows = conn.execute("SELECT rolname FROM pg_roles WHERE rolname = %s", (name,)).fetchall()
+    return [row[0] for row in rows]
+
+
+def test_postgres_agent_logs_in_as_its_own_role_with_rights_on_its_database_only(
+    tmp_path: Path,
+) -> None:
+    with _service_set([{"name": "db", "type": "postgres", "sql": SEED}], tmp_path) as services:
+        described = services.handles["db"].describe()
+        dsn = services.env["KEYSTONE_SERVICE_DB_DSN"]
+        assert urlsplit(dsn).username == described["user"] != "postgres"
+        with psycopg.connect(dsn, autocommit=True) as agent:
+            role = agent.execute(
+                "SELECT current_user, rolsuper, rolcreaterole, rolcreatedb"
+                " FROM pg_roles WHERE rolname = current_user"
+            ).fetchone()
+            assert role == (described["user"], False, False, False)
+            # Its own tables: it owns them (the seed ran as that role).
+            agent.execute("DELETE FROM audit")
+        # The server's other databases: the role's password does not open them for anything
+        # but the catalogue, and it cannot read a table another role owns.
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute("CREATE TABLE IF NOT EXISTS keystone_secret_probe (v text)")
+        other = urlsplit(dsn)._replace(path="/postgres").geturl()
+        with (
+            psycopg.connect(other, autocommit=True) as agent,
+            pytest.raises(psycopg.errors.InsufficientPrivilege),
+        ):
+            agent.execute("SELECT * FROM keystone_secret_probe")
+        # Another execution's database refuses it outright.
+        with _service_set([{"name": "db", "type": "postgres", "sql": SEED}], tmp_path) as second:
+            theirs = second.handles["db"].describe()["database"]
+            with pytest.raises(psycopg.OperationalError, match="permission denied"):
+                psycopg.connect(urlsplit(dsn)._replace(path="/" + theirs).geturl())
+    assert _pg_roles(described["user"]) == []  # dropped with the database
 
 
 def test_postgres_seed_file_is_read_relative_to_the_spec_directory(tmp_path: Path) -> None:
@@ -228,6 +269,30 @@ def test_postgres_without_a_configured_server_is_a_clear_service_error(tmp_path:
     )
 
 
+def test_mysql_agent_user_has_rights_on_its_database_only(tmp_path: Path) -> None:
+    with _service_set([{"name": "shop", "type": "mysql", "sql": SEED}], tmp_path) as services:
+        described = services.handles["shop"].describe()
+        agent = _mysql_agent(services.env["KEYSTONE_SERVICE_SHOP_DSN"])
+        try:
+            with agent.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM customers")
+                assert cursor.fetchone() == (2,)
+                cursor.execute("SHOW DATABASES")
+                visible = {row[0] for row in cursor.fetchall()}
+                assert visible == {"information_schema", described["database"]}
+                with pytest.raises(pymysql.err.OperationalError, match="denied"):
+                    cursor.execute("SELECT user FROM mysql.user")
+        finally:
+            agent.close()
+    conn = _mysql_connect()
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM mysql.user WHERE user = %s", (described["user"],))
+            assert cursor.fetchone() == (0,)  # dropped with the database
+    finally:
+        conn.close()
+
+
 def test_a_later_failure_drops_the_databases_already_created(tmp_path: Path) -> None:
     key = _key()
     services = [
@@ -250,7 +315,9 @@ def test_mysql_database_is_created_seeded_written_and_dropped(tmp_path: Path) ->
     with _service_set([{"name": "shop", "type": "mysql", "sql": SEED}], tmp_path, key) as services:
         dsn = services.env["KEYSTONE_SERVICE_SHOP_DSN"]
         database = services.handles["shop"].describe()["database"]
-        assert dsn == f"mysql://root@127.0.0.1:3306/{database}"
+        user = services.handles["shop"].describe()["user"]
+        assert urlsplit(dsn).username == user != "root"  # never the server's admin login
+        assert urlsplit(dsn)._replace(netloc="").geturl() == f"mysql:///{database}"
         assert _mysql_databases(key) == [database]
         assert services.handles["shop"].query("SELECT name FROM customers ORDER BY id") == [
             ("Ada",),

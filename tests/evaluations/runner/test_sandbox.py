@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluations.runner.egress import Endpoint
 from evaluations.runner.sandbox import (
     LOCAL_FALLBACK_WARNING,
     BwrapSandbox,
@@ -321,6 +322,10 @@ def test_bwrap_runs_python_agents(bwrap_sandbox: BwrapSandbox, workspace: Path) 
 
 @pytest.fixture
 def loopback_server() -> tuple[int, threading.Event]:
+    return _listening_server()
+
+
+def _listening_server() -> tuple[int, threading.Event]:
     """A TCP listener on 127.0.0.1 that notes whether anybody connected."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -355,15 +360,34 @@ def test_bwrap_network_none_cuts_the_agent_off_from_the_host(
     assert not connected.wait(0.5)
 
 
-def test_bwrap_network_services_reaches_loopback_services(
+def test_bwrap_network_services_reaches_the_declared_endpoints_only(
     bwrap_sandbox: BwrapSandbox, workspace: Path, loopback_server: tuple[int, threading.Event]
 ) -> None:
     port, connected = loopback_server
+    declared = [Endpoint("127.0.0.1", port)]
     result = bwrap_sandbox.run(
-        _CONNECT.format(port=port), workspace=workspace, env={}, timeout=10, network="services"
+        _CONNECT.format(port=port),
+        workspace=workspace,
+        env={},
+        timeout=10,
+        network="services",
+        egress=declared,
     )
     assert result.exit_code == 0, result.stderr
     assert connected.wait(5)
+
+    # The same port, not declared: the sandbox's own network has nothing there.
+    other_port, other_connected = _listening_server()
+    result = bwrap_sandbox.run(
+        _CONNECT.format(port=other_port),
+        workspace=workspace,
+        env={},
+        timeout=10,
+        network="services",
+        egress=declared,
+    )
+    assert result.exit_code != 0 and "Connection refused" in result.stderr
+    assert not other_connected.wait(0.5)
 
 
 def test_bwrap_read_only_binds_are_readable_but_not_writable(

@@ -1,0 +1,234 @@
+"""What an execution's sandbox may reach over the network, and the worker's end of the relay.
+
+An `Endpoint` is one address the execution declared: the model gateway, the tool proxy, an
+HTTP mock, a database service. Under `network: services` (bubblewrap) the sandbox has no
+route anywhere; `EgressRelay` listens on one Unix socket per endpoint, in a directory the
+sandbox sees, and connects each accepted connection to the real address (`relay.py` is the
+sandbox's end). A database endpoint also checks the login before a byte reaches the server:
+only the execution's own role and database pass, so even a server that trusts every local
+login (PostgreSQL's `trust`, MariaDB's password-less root) hands the agent nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from evaluations.runner.relay import serve, splice
+
+CONNECT_TIMEOUT = 10.0
+_LOGIN_TIMEOUT = 30.0  # a client that opens a database connection and says nothing
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A TCP address the sandbox may connect to, at the same host and port as on the host.
+    `protocol` "postgres" or "mysql" admits only `user` (and, for PostgreSQL, `database`)."""
+
+    host: str
+    port: int
+    protocol: str = "tcp"
+    user: str = ""
+    database: str = ""
+
+    @classmethod
+    def from_url(cls, url: str, **login: str) -> Endpoint | None:
+        parts = urlsplit(url)
+        if not parts.hostname:
+            return None
+        default = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432, "mysql": 3306}
+        port = parts.port or default.get(parts.scheme)
+        return None if port is None else cls(parts.hostname, port, **login)
+
+
+class LoginRefused(Exception):
+    """A database login other than the execution's own; the message goes back to the client."""
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+_PG_PROTOCOL_3 = 196608
+_PG_SSL_REQUEST = 80877103
+_PG_GSS_REQUEST = 80877104
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the client closed the connection during login")
+        data += chunk
+    return data
+
+
+def _postgres_startup(client: socket.socket, endpoint: Endpoint) -> bytes:
+    """Read the client's startup message (declining TLS, which would hide it), check the
+    login, and return the message to send on to the server."""
+    while True:
+        header = _recv_exactly(client, 8)
+        length, code = struct.unpack("!ii", header)
+        if not 8 <= length <= 10_000:
+            raise LoginRefused("malformed startup message")
+        body = _recv_exactly(client, length - 8)
+        if code in (_PG_SSL_REQUEST, _PG_GSS_REQUEST):
+            client.sendall(b"N")  # no encryption: the client goes on in the clear, on loopback
+            continue
+        if code != _PG_PROTOCOL_3:
+            raise LoginRefused("only protocol 3.0 logins are relayed")
+        words = body.split(b"\0")
+        params = dict(zip(words[0::2], words[1::2], strict=False))
+        user = params.get(b"user", b"").decode(errors="replace")
+        database = params.get(b"database", b"").decode(errors="replace") or user
+        if user != endpoint.user or database != endpoint.database:
+            raise LoginRefused(
+                f"this sandbox may log in only as {endpoint.user!r} to {endpoint.database!r}"
+                f" (asked for {user!r} to {database!r})"
+            )
+        return header + body
+
+
+def _postgres_refusal(message: str) -> bytes:
+    fields = b"SFATAL\0VFATAL\0C28000\0M" + f"keystone: {message}".encode() + b"\0\0"
+    return b"E" + struct.pack("!i", len(fields) + 4) + fields
+
+
+# --------------------------------------------------------------------------- MySQL / MariaDB
+
+_MYSQL_CLIENT_SSL = 0x0800
+
+
+def _mysql_packet(sock: socket.socket) -> tuple[int, bytes]:
+    header = _recv_exactly(sock, 4)
+    length = header[0] | header[1] << 8 | header[2] << 16
+    return header[3], _recv_exactly(sock, length)
+
+
+def _mysql_send(sock: socket.socket, sequence: int, payload: bytes) -> None:
+    sock.sendall(len(payload).to_bytes(3, "little") + bytes([sequence]) + payload)
+
+
+def _mysql_login(client: socket.socket, server: socket.socket, endpoint: Endpoint) -> None:
+    """Pass the server's greeting on without the TLS capability (a TLS client would hide its
+    login), then let the client's login through only for the execution's own user."""
+    sequence, greeting = _mysql_packet(server)
+    if greeting[:1] == b"\xff":  # the server refused us (too many connections, ...): pass it on
+        _mysql_send(client, sequence, greeting)
+        raise ConnectionError("the database server refused the connection")
+    version_end = greeting.index(b"\0", 1)
+    flags_at = version_end + 1 + 4 + 8 + 1  # thread id, scramble part 1, filler
+    flags = int.from_bytes(greeting[flags_at : flags_at + 2], "little") & ~_MYSQL_CLIENT_SSL
+    greeting = greeting[:flags_at] + flags.to_bytes(2, "little") + greeting[flags_at + 2 :]
+    _mysql_send(client, sequence, greeting)
+    sequence, response = _mysql_packet(client)
+    user = response[32 : response.index(b"\0", 32)].decode(errors="replace")
+    if user != endpoint.user:
+        message = (
+            f"keystone: this sandbox may log in only as {endpoint.user!r} (asked for {user!r})"
+        )
+        error = b"\xff" + (1045).to_bytes(2, "little") + b"#28000" + message.encode()
+        _mysql_send(client, sequence + 1, error)
+        raise LoginRefused(message)
+    _mysql_send(server, sequence, response)
+
+
+# --------------------------------------------------------------------------- the relay
+
+
+class EgressRelay:
+    """The worker's end: one Unix socket per endpoint in `directory`, relayed to the endpoint."""
+
+    def __init__(self, endpoints: Sequence[Endpoint]) -> None:
+        by_port: dict[int, Endpoint] = {}
+        for endpoint in endpoints:
+            by_port.setdefault(endpoint.port, endpoint)
+        self.endpoints = by_port
+        self.directory = Path(tempfile.mkdtemp(prefix="keystone-egress-"))
+        self._listeners: list[socket.socket] = []
+        self._stopped = threading.Event()
+
+    @property
+    def ports(self) -> list[int]:
+        return sorted(self.endpoints)
+
+    def __enter__(self) -> EgressRelay:
+        # The sandbox's user (nobody, or the worker's uid mapped) must reach the sockets.
+        os.chmod(self.directory, 0o755)
+        try:
+            # Inside, every endpoint is on loopback: a host name in a DSN (`db` in a compose
+            # deployment) must resolve there too.
+            names = sorted({e.host for e in self.endpoints.values()} - {"127.0.0.1", "::1"})
+            hosts = "127.0.0.1 localhost " + " ".join(names) + "\n::1 localhost\n"
+            (self.directory / "hosts").write_text(hosts)
+            for port, endpoint in self.endpoints.items():
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                path = self.directory / f"{port}.sock"
+                listener.bind(str(path))
+                os.chmod(path, 0o777)
+                listener.listen(64)
+                self._listeners.append(listener)
+                threading.Thread(
+                    target=serve,
+                    args=(listener, self._handler(endpoint)),
+                    kwargs={"stopped": self._stopped},
+                    daemon=True,
+                ).start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopped.set()
+        for listener in self._listeners:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept()
+            listener.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _handler(self, endpoint: Endpoint) -> Callable[[socket.socket], None]:
+        def handle(client: socket.socket) -> None:
+            try:
+                self._relay(client, endpoint)
+            except (OSError, ConnectionError, LoginRefused, ValueError):
+                client.close()
+
+        return handle
+
+    def _relay(self, client: socket.socket, endpoint: Endpoint) -> None:
+        first = b""
+        if endpoint.protocol == "postgres":
+            client.settimeout(_LOGIN_TIMEOUT)
+            try:
+                first = _postgres_startup(client, endpoint)
+            except LoginRefused as refused:
+                client.sendall(_postgres_refusal(str(refused)))
+                raise
+            client.settimeout(None)
+        try:
+            server = socket.create_connection(
+                (endpoint.host, endpoint.port), timeout=CONNECT_TIMEOUT
+            )
+        except OSError:
+            client.close()
+            return
+        try:
+            if endpoint.protocol == "mysql":
+                client.settimeout(_LOGIN_TIMEOUT)
+                _mysql_login(client, server, endpoint)
+                client.settimeout(None)
+            server.settimeout(None)
+            server.sendall(first)
+        except BaseException:
+            server.close()
+            raise
+        splice(client, server)

@@ -1,0 +1,69 @@
+"""Issue 13, item 8: an agent cannot take the host's processes or memory, or leave anything
+running behind it. Each test is the attack, under bubblewrap and under the local backend:
+a burst of processes far above the ceiling, a process tree whose members each stay under the
+per-process memory limit but together exceed the execution's, and a daemon that leaves the
+agent's process group and session."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluations.runner import cgroups
+from evaluations.runner.sandbox import BwrapSandbox, LocalSandbox, Sandbox, bwrap_status
+
+pytestmark = pytest.mark.skipif(
+    not cgroups.support()[0], reason=f"no cgroup to limit with here: {cgroups.support()[1]}"
+)
+
+BACKENDS = [
+    "local",
+    pytest.param("bwrap", marks=pytest.mark.skipif(not bwrap_status()[0], reason="no bwrap")),
+]
+
+
+def _sandbox(name: str) -> Sandbox:
+    return LocalSandbox() if name == "local" else BwrapSandbox()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_burst_of_processes_stops_at_the_ceiling(backend: str, tmp_path: Path) -> None:
+    # 300 sleepers against a ceiling of 40: most forks are refused, the host keeps its own.
+    command = (
+        "ok=0; failed=0; for i in $(seq 300); do "
+        "if sleep 3 2>/dev/null & then ok=$((ok+1)); else failed=$((failed+1)); fi; done; "
+        "echo started=$(jobs -p | wc -l)"
+    )
+    result = _sandbox(backend).run(
+        command, workspace=tmp_path, env={}, timeout=30, max_processes=40
+    )
+    started = (
+        int(result.stdout.split("started=")[1].split()[0]) if "started=" in result.stdout else 0
+    )
+    assert started < 40, result.stdout + result.stderr
+    assert "process limit (40) was reached" in result.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_process_tree_cannot_exceed_the_executions_memory(backend: str, tmp_path: Path) -> None:
+    # Four children of 150 MB each: every one is under the per-process limit (400 MB), the
+    # four together are not under the execution's 400 MB.
+    hog = "import time; b = bytearray(150 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); time.sleep(3); print('survived')"
+    command = " & ".join([f'python3 -c "{hog}"'] * 4) + " & wait"
+    result = _sandbox(backend).run(command, workspace=tmp_path, env={}, timeout=30, memory_mb=400)
+    assert result.stdout.count("survived") < 4, result.stdout + result.stderr
+
+
+def test_a_daemon_that_left_the_session_is_killed_with_the_execution(tmp_path: Path) -> None:
+    marker = tmp_path / "still-alive"
+    command = f"setsid sh -c 'sleep 2; touch {marker}' </dev/null >/dev/null 2>&1 & echo started"
+    result = LocalSandbox().run(command, workspace=tmp_path, env={}, timeout=30)
+    assert "started" in result.stdout
+    time.sleep(3)
+    assert not marker.exists()
+    # And no group of ours is left behind on the host.
+    for controller in cgroups._controllers()[0]:
+        assert not [p for p in os.listdir(controller.parent) if p.startswith("keystone-")]
