@@ -12,6 +12,7 @@ login (PostgreSQL's `trust`, MariaDB's password-less root) hands the agent nothi
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import socket
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from evaluations.runner.relay import serve, splice
+from evaluations.runner.relay import listeners_on_loopback, serve, splice
 
 CONNECT_TIMEOUT = 10.0
 _LOGIN_TIMEOUT = 30.0  # a client that opens a database connection and says nothing
@@ -143,16 +144,28 @@ def _mysql_login(client: socket.socket, server: socket.socket, endpoint: Endpoin
 
 # --------------------------------------------------------------------------- the relay
 
+_CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"cannot enter the network namespace: {os.strerror(errno)}")
+
 
 class EgressRelay:
-    """The worker's end: one Unix socket per endpoint in `directory`, relayed to the endpoint."""
+    """The worker's end of the relay: listeners for the execution's endpoints, each accepted
+    connection checked (database logins) and relayed to the real address. Two ways to listen:
+    Unix sockets in `directory` for a sandbox that runs `relay.py` inside (bubblewrap), or
+    TCP listeners made directly inside a container's network namespace (docker)."""
 
     def __init__(self, endpoints: Sequence[Endpoint]) -> None:
         by_port: dict[int, Endpoint] = {}
         for endpoint in endpoints:
             by_port.setdefault(endpoint.port, endpoint)
         self.endpoints = by_port
-        self.directory = Path(tempfile.mkdtemp(prefix="keystone-egress-"))
+        self.directory: Path | None = None
         self._listeners: list[socket.socket] = []
         self._stopped = threading.Event()
 
@@ -160,32 +173,70 @@ class EgressRelay:
     def ports(self) -> list[int]:
         return sorted(self.endpoints)
 
+    @property
+    def host_names(self) -> list[str]:
+        """The endpoints' host names other than loopback: inside, they must name 127.0.0.1
+        (a DSN's `db` in a compose deployment)."""
+        return sorted({e.host for e in self.endpoints.values()} - {"127.0.0.1", "::1", "localhost"})
+
     def __enter__(self) -> EgressRelay:
-        # The sandbox's user (nobody, or the worker's uid mapped) must reach the sockets.
-        os.chmod(self.directory, 0o755)
-        try:
-            # Inside, every endpoint is on loopback: a host name in a DSN (`db` in a compose
-            # deployment) must resolve there too.
-            names = sorted({e.host for e in self.endpoints.values()} - {"127.0.0.1", "::1"})
-            hosts = "127.0.0.1 localhost " + " ".join(names) + "\n::1 localhost\n"
-            (self.directory / "hosts").write_text(hosts)
-            for port, endpoint in self.endpoints.items():
-                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                path = self.directory / f"{port}.sock"
-                listener.bind(str(path))
-                os.chmod(path, 0o777)
-                listener.listen(64)
-                self._listeners.append(listener)
-                threading.Thread(
-                    target=serve,
-                    args=(listener, self._handler(endpoint)),
-                    kwargs={"stopped": self._stopped},
-                    daemon=True,
-                ).start()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
         return self
+
+    def listen_unix(self) -> Path:
+        """One Unix socket per endpoint, `PORT.sock`, and a `hosts` file, in a new directory
+        the sandbox's user can reach (nobody, or the worker's uid mapped)."""
+        self.directory = Path(tempfile.mkdtemp(prefix="keystone-egress-"))
+        os.chmod(self.directory, 0o755)
+        hosts = "127.0.0.1 localhost " + " ".join(self.host_names) + "\n::1 localhost\n"
+        (self.directory / "hosts").write_text(hosts)
+        for port, endpoint in self.endpoints.items():
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            path = self.directory / f"{port}.sock"
+            listener.bind(str(path))
+            os.chmod(path, 0o777)
+            self._serve(listener, endpoint)
+        return self.directory
+
+    def listen_in_namespace(self, pid: int) -> None:
+        """TCP listeners on the endpoints' ports inside the network namespace of process
+        `pid`. A thread enters the namespace, makes them and leaves: a socket belongs to the
+        namespace it was made in, wherever it is used from. Needs CAP_SYS_ADMIN (root)."""
+        made: list[tuple[socket.socket, Endpoint]] = []
+        failure: list[OSError] = []
+
+        def enter_and_listen() -> None:
+            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+            target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+            try:
+                _setns(target)
+                try:
+                    for port, endpoint in self.endpoints.items():
+                        made.extend((sock, endpoint) for sock in listeners_on_loopback(port))
+                finally:
+                    _setns(own)
+            except OSError as exc:
+                failure.append(exc)
+            finally:
+                os.close(own)
+                os.close(target)
+
+        thread = threading.Thread(target=enter_and_listen)
+        thread.start()
+        thread.join()
+        for listener, endpoint in made:
+            self._serve(listener, endpoint)
+        if failure:
+            raise failure[0]
+
+    def _serve(self, listener: socket.socket, endpoint: Endpoint) -> None:
+        listener.listen(64)
+        self._listeners.append(listener)
+        threading.Thread(
+            target=serve,
+            args=(listener, self._handler(endpoint)),
+            kwargs={"stopped": self._stopped},
+            daemon=True,
+        ).start()
 
     def __exit__(self, *exc: object) -> None:
         self._stopped.set()
@@ -193,7 +244,8 @@ class EgressRelay:
             with contextlib.suppress(OSError):
                 listener.shutdown(socket.SHUT_RDWR)  # wakes the accept()
             listener.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def _handler(self, endpoint: Endpoint) -> Callable[[socket.socket], None]:
         def handle(client: socket.socket) -> None:

@@ -81,8 +81,9 @@ def _forward_to_unix(path: str) -> Callable[[socket.socket], None]:
     return handle
 
 
-def _listeners(port: int) -> list[socket.socket]:
-    """127.0.0.1:PORT, and [::1]:PORT when the namespace has IPv6, so `localhost` works."""
+def listeners_on_loopback(port: int) -> list[socket.socket]:
+    """Sockets bound to 127.0.0.1:PORT, and [::1]:PORT when the namespace has IPv6, so
+    `localhost` works; not listening yet."""
     bound = []
     for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -94,7 +95,6 @@ def _listeners(port: int) -> list[socket.socket]:
             if family == socket.AF_INET:
                 raise
             continue
-        sock.listen(64)
         bound.append(sock)
     return bound
 
@@ -105,12 +105,14 @@ def main(argv: list[str]) -> None:
     listeners = [
         (sock, os.path.join(socket_dir, f"{port}.sock"))
         for port in ports
-        for sock in _listeners(int(port))
+        for sock in listeners_on_loopback(int(port))
     ]
     if os.fork() == 0:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # never hold the agent's output pipes open
             os.dup2(devnull, fd)
+        for sock, _ in listeners:
+            sock.listen(64)
         threads = [
             threading.Thread(target=serve, args=(sock, _forward_to_unix(path)), daemon=True)
             for sock, path in listeners

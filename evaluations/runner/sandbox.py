@@ -292,6 +292,7 @@ class _ProcessSandbox(Sandbox):
             egress = None
             if self.isolates_network and request.network == "services" and request.egress:
                 egress = stack.enter_context(EgressRelay(request.egress))
+                egress.listen_unix()
             group = stack.enter_context(
                 CommandCgroup(max_processes=request.max_processes, memory_mb=request.memory_mb)
             )
@@ -624,7 +625,7 @@ class BwrapSandbox(_ProcessSandbox):
             args += ["--ro-bind", path, path]
         for extra in _safe_ro_binds(ro_binds, workspace):
             args += ["--ro-bind", extra, extra]
-        if egress is not None:
+        if egress is not None and egress.directory is not None:
             args += ["--ro-bind", str(egress.directory), _EGRESS_DIR]
             args += ["--ro-bind", str(egress.directory / "hosts"), "/etc/hosts"]
             args += ["--ro-bind", relay.__file__, _RELAY_SCRIPT]
@@ -694,8 +695,9 @@ def docker_available() -> bool:
 
 
 class DockerSandbox(Sandbox):
-    """One container per command: image, CPU and memory limits, network none or host, the
-    workspace mounted at /workspace; the container is removed afterwards whatever happens."""
+    """One container per command: image, CPU, memory and process limits, network none, host,
+    or `services` (none, with the execution's endpoints relayed in), the workspace mounted at
+    /workspace; the container is removed afterwards whatever happens."""
 
     name = "docker"
 
@@ -743,6 +745,12 @@ class DockerSandbox(Sandbox):
         pump = _FifoPump(workspace, {out_name: out, err_name: err})
         user = _container_user(workspace)
         wrapper = 'exec /bin/sh -c "$1" < "$2" > "$3" 2> "$4"'
+        # `services`: a network of its own (none), where the worker then makes listeners for
+        # the execution's endpoints; the command waits for them (the marker file $5).
+        relay = EgressRelay(request.egress) if request.network == "services" else None
+        ready_name = f".keystone/netready-{token}"
+        if relay is not None and relay.endpoints:
+            wrapper = 'while [ ! -e "$5" ]; do sleep 0.01; done; ' + wrapper
         # A list, not a dict keyed by host path: the same host path may appear twice.
         volumes = [f"{workspace}:{_CONTAINER_WORKSPACE}:rw"]
         volumes += [f"{extra}:{extra}:ro" for extra in _safe_ro_binds(request.ro_binds, workspace)]
@@ -754,11 +762,15 @@ class DockerSandbox(Sandbox):
             container = self.client.containers.create(
                 self.image,
                 ["/bin/sh", "-c", wrapper, "keystone", request.command]
-                + [f"{_CONTAINER_WORKSPACE}/{name}" for name in (stdin_name, out_name, err_name)],
+                + [
+                    f"{_CONTAINER_WORKSPACE}/{name}"
+                    for name in (stdin_name, out_name, err_name, ready_name)
+                ],
                 working_dir=_CONTAINER_WORKSPACE,
                 environment=self._environment(request.env, _CONTAINER_WORKSPACE),
                 volumes=volumes,
-                network_mode="none" if request.network == "none" else "host",
+                network_mode="host" if request.network == "host" else "none",
+                extra_hosts={name: "127.0.0.1" for name in relay.host_names} if relay else None,
                 nano_cpus=int(request.cpus * 1e9) if request.cpus else None,
                 mem_limit=f"{request.memory_mb}m" if request.memory_mb else None,
                 pids_limit=request.max_processes,
@@ -780,6 +792,17 @@ class DockerSandbox(Sandbox):
             with self._lock:
                 self._containers[container.id] = container
             container.start()
+            if relay is not None and relay.endpoints:
+                container.reload()
+                try:
+                    relay.listen_in_namespace(int(container.attrs["State"]["Pid"]))
+                except OSError as exc:
+                    container.kill()
+                    raise docker.errors.DockerException(
+                        "network: services needs the worker to enter the container's network "
+                        f"namespace (run it as root, or use bwrap): {exc}"
+                    ) from exc
+                safe_files.write_text(workspace, ready_name, "")
             remaining = max(0.1, started + request.timeout - time.perf_counter())
             try:
                 exit_code = int(container.wait(timeout=remaining)["StatusCode"])
@@ -796,7 +819,9 @@ class DockerSandbox(Sandbox):
                     self._containers.pop(container.id, None)
                 with contextlib.suppress(docker.errors.DockerException):
                     container.remove(force=True)
-            for name in (stdin_name, out_name, err_name):
+            if relay is not None:
+                relay.__exit__()
+            for name in (stdin_name, out_name, err_name, ready_name):
                 (workspace / name).unlink(missing_ok=True)
         return ProcessResult(
             exit_code=exit_code,
