@@ -1,0 +1,135 @@
+"""Security drills: the attacks of issue 13 run by a real `keystone run`, under every sandbox
+backend that works on this host, and a table of what happened (docs/security.md).
+
+    python bench/drills/run_drills.py [--backends local,bwrap]
+
+The agent is the attacker: it tries to read the worker's environment and the host's files,
+reach the server's PostgreSQL (as its admin), Redis and the cloud metadata address, keep a
+capability, and start far more processes than allowed. Each attempt is reported by the agent
+and judged here: `blocked` or `NOT BLOCKED`. The worker's environment carries a canary
+secret, so a leak is seen, not guessed. Needs PostgreSQL on 127.0.0.1:5432 for the database
+service (KEYSTONE_POSTGRES_URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CANARY = "keystone-drill-canary-5b1f"
+
+ATTACK = r"""
+import json, os, socket, subprocess
+seen = {}
+def attempt(name, action):
+    try:
+        seen[name] = str(action())[:200]
+    except Exception as exc:
+        seen[name] = "refused: " + type(exc).__name__
+
+def environ_of_others():
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                entries = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            found += [e.decode(errors="replace") for e in entries if b"SECRET" in e]
+    return " ".join(found) or "refused: no other process's secrets readable"
+attempt("worker_environment", environ_of_others)
+attempt("host_file", lambda: open("/etc/shadow").read())
+def server_db():
+    import psycopg
+    return psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", connect_timeout=3).execute("SELECT 1").fetchone()
+attempt("server_database", server_db)
+attempt("redis", lambda: socket.create_connection(("127.0.0.1", 6379), timeout=3) and "connected")
+attempt("metadata", lambda: socket.create_connection(("169.254.169.254", 80), timeout=3) and "connected")
+attempt("capabilities", lambda: open("/proc/self/status").read().split("CapEff:")[1].split()[0])
+def burst():
+    started = 0
+    children = []
+    for _ in range(600):
+        try:
+            children.append(subprocess.Popen(["sleep", "5"]))
+            started += 1
+        except OSError:
+            break
+    for child in children:
+        child.kill()
+    return started
+attempt("process_burst", burst)
+print(json.dumps(seen))
+"""
+
+SPEC = """
+version: 1
+id: drill
+task: {prompt: "attack"}
+agent: {type: command, command: "python attack.py", timeout: 120}
+sandbox: {backend: BACKEND, network: services, workspace: ./ws, resources: {max_processes: 100}}
+services:
+  - {name: shop, type: postgres, sql: "CREATE TABLE t (id int);"}
+invariants:
+  reported: {description: "the agent reported", check: {type: contains, value: capabilities}}
+"""
+
+
+def judge(name: str, value: str) -> bool:
+    """Whether the attack was blocked."""
+    if name == "worker_environment":
+        return CANARY not in value
+    if name == "capabilities":
+        return value.strip("0") == ""
+    if name == "process_burst":
+        return value.isdigit() and int(value) < 100
+    return value.startswith("refused")
+
+
+def drill(backend: str, home: Path) -> dict[str, str]:
+    work = Path(tempfile.mkdtemp(prefix=f"drill-{backend}-"))
+    (work / "ws").mkdir()
+    (work / "ws" / "attack.py").write_text(ATTACK)
+    (work / "spec.yaml").write_text(SPEC.replace("BACKEND", backend))
+    report = work / "report.json"
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")},
+        "KEYSTONE_HOME": str(home),
+        "KEYSTONE_POSTGRES_URL": "postgresql://postgres@127.0.0.1:5432/postgres",
+        "KEYSTONE_POLICY_MIN_BACKEND": "local",
+        "KEYSTONE_DRILL_SECRET": CANARY,  # in the worker's environment: must never leak
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "evaluations.cli", "run", str(work / "spec.yaml"), "--json", str(report)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if not report.exists():
+        raise SystemExit(f"{backend}: keystone run failed: {done.stderr[-2000:]}")
+    output = json.loads(report.read_text())["executions"][0]["output"]
+    return json.loads(output)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backends", default="local,bwrap")
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="drill-home-"))
+    rows = []
+    for backend in args.backends.split(","):
+        for name, value in drill(backend, home).items():
+            outcome = "blocked" if judge(name, value) else "NOT BLOCKED"
+            rows.append((name, backend, outcome, value.replace("\n", " ")[:60]))
+    print("| attack | backend | outcome | what the agent got |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
