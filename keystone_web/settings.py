@@ -1,14 +1,16 @@
 """Keystone's one settings file. Everything comes from the environment.
 
 With no environment at all Keystone runs on its embedded default: SQLite and artifacts
-under var/ (or $KEYSTONE_HOME), tasks executed in-process, DEBUG on. Production sets
-DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY, DEBUG=false and ALLOWED_HOSTS.
+under var/ (or $KEYSTONE_HOME), tasks executed in-process, DEBUG off, a secret key made
+once under $KEYSTONE_HOME. Production sets DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY (the
+same on every host) and ALLOWED_HOSTS.
 The table of variables is in README.md.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -63,23 +65,37 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 # --- Core -------------------------------------------------------------------------------
 
-# DEBUG defaults to on because the zero-configuration install is a person's own machine
-# (`keystone serve`); the Docker image and docker-compose.yml turn it off.
-DEBUG = env_bool("DEBUG", True)
-
-_DEV_SECRET_KEY = "keystone-insecure-development-key-do-not-use-in-production"
-SECRET_KEY = env_str("SECRET_KEY")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is false")
-    SECRET_KEY = _DEV_SECRET_KEY
-
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
-CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# DEBUG is off unless asked for (DEBUG=true, for working on Keystone itself): no traceback
+# ever reaches a user, and no query log slows the workers down.
+DEBUG = env_bool("DEBUG", False)
 
 # Where the embedded default keeps its state (database, artifacts, sandboxes' scratch).
 KEYSTONE_HOME = Path(env_str("KEYSTONE_HOME") or BASE_DIR / "var").expanduser().resolve()
 KEYSTONE_HOME.mkdir(parents=True, exist_ok=True)
+
+
+def _generated_secret_key(path: Path) -> str:
+    """The key of this KEYSTONE_HOME: made once (random, readable by its owner only) and
+    kept, so sessions and signed values survive restarts. Several hosts sharing one database
+    must set SECRET_KEY instead (docker-compose.yml does)."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    key = secrets.token_urlsafe(50)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process of this install made it meanwhile
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as file:
+        file.write(key)
+    return key
+
+
+SECRET_KEY = env_str("SECRET_KEY") or _generated_secret_key(KEYSTONE_HOME / "secret_key")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -72,7 +72,7 @@ def test_no_environment_gives_the_embedded_default_sqlite_under_var() -> None:
     assert found["engine"] == "django.db.backends.sqlite3"
     assert Path(found["name"]) == REPO / "var" / "keystone.sqlite3"
     assert Path(found["artifacts"]) == REPO / "var" / "artifacts"
-    assert found["debug"] is True
+    assert found["debug"] is False  # production-grade unless asked for
     assert (REPO / "var").is_dir()
 
 
@@ -134,12 +134,20 @@ def test_security_switches_are_off_unless_enabled(tmp_path: Path) -> None:
     assert enabled["allow_host_scripts"] is True
 
 
-def test_production_without_secret_key_refuses_to_start(tmp_path: Path) -> None:
-    done = _settings_in_fresh_process(KEYSTONE_HOME=str(tmp_path), DEBUG="false")
-    assert done.returncode != 0
-    assert "SECRET_KEY must be set" in done.stderr
-    started = _settings(KEYSTONE_HOME=str(tmp_path), DEBUG="false", SECRET_KEY="s3cret-" * 8)
-    assert started["debug"] is False
+def test_without_secret_key_one_is_made_once_per_home_and_kept(tmp_path: Path) -> None:
+    code = "import django; from django.conf import settings; print(settings.SECRET_KEY)"
+    first = _settings_in_fresh_process(code.split("; ", 1)[1], KEYSTONE_HOME=str(tmp_path))
+    second = _settings_in_fresh_process(code.split("; ", 1)[1], KEYSTONE_HOME=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    key = first.stdout.strip().splitlines()[-1]
+    assert len(key) >= 50 and "insecure" not in key
+    assert second.stdout.strip().splitlines()[-1] == key  # sessions survive a restart
+    stored = tmp_path / "secret_key"
+    assert stored.read_text() == key and stored.stat().st_mode & 0o777 == 0o600
+    other = _settings_in_fresh_process(code.split("; ", 1)[1], KEYSTONE_HOME=str(tmp_path / "b"))
+    assert other.stdout.strip().splitlines()[-1] != key
+    given = _settings(KEYSTONE_HOME=str(tmp_path), DEBUG="true", SECRET_KEY="s3cret-" * 8)
+    assert given["debug"] is True
 
 
 def test_malformed_boolean_is_reported_not_guessed(tmp_path: Path) -> None:
