@@ -18,7 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_PROVIDER_ERROR, EXIT_SPEC_INVALID
+from checks.exit_codes import (
+    EXIT_GATE_FAILED,
+    EXIT_INTERNAL_ERROR,
+    EXIT_PROVIDER_ERROR,
+    EXIT_SPEC_INVALID,
+)
 
 
 def setup_django(*, migrate: bool = True) -> None:
@@ -80,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec_path = Path(args.spec)
     try:
-        load_spec_file(spec_path)  # refuse an invalid spec before touching any database
+        spec = load_spec_file(spec_path)  # refuse an invalid spec before touching any database
     except SpecValidationError as exc:
         for error in exc.errors:
             print(f"{spec_path}: {error}", file=sys.stderr)
@@ -97,6 +102,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from evaluations import services
     from evaluations.models import Trigger
 
+    if settings.CELERY_TASK_ALWAYS_EAGER:  # the executions run here: can this machine?
+        from evaluations.runner.sandbox import docker_missing
+
+        missing = docker_missing(spec.raw.get("sandbox") or {})
+        if missing:
+            print(f"{spec_path}: {missing}; nothing was run", file=sys.stderr)
+            return EXIT_GATE_FAILED
     project = services.project_default()
     try:
         version = services.spec_version_create(
