@@ -12,6 +12,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -408,8 +409,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.demo:
         from evaluations.services import demo_load, demo_runs_seed
 
-        for line in [*demo_load(), *demo_runs_seed()]:
+        for line in demo_load():
             print(line)
+        # The first start only: the demo specs really run here, so the pages have a history.
+        print("keystone serve: making the demo's history when it has none (about a minute)")
+        demo_runs_seed(on_step=lambda line: print(line, flush=True))
     stop = threading.Event()
     if settings.CELERY_TASK_ALWAYS_EAGER:
         from evaluations.embedded_worker import poll_forever
@@ -419,6 +423,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             target=poll_forever, args=(stop,), daemon=True, name="keystone-worker"
         ).start()
         print("keystone serve: embedded worker started (no broker configured)")
+    # SIGTERM ends the server like Ctrl-C, through the exit handlers: the agents and the
+    # throwaway PostgreSQL cluster this process started are stopped, not left running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         call_command(
             "runserver", f"{args.host}:{args.port}", use_reloader=False, use_threading=True

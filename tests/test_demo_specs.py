@@ -101,3 +101,39 @@ def test_a_docker_spec_says_it_needs_docker_when_no_engine_answers(tmp_path: Pat
     assert done.returncode == 1
     assert "needs Docker (sandbox.backend: docker) and no Docker engine answers" in done.stderr
     assert "nothing was run" in done.stderr and "execution 1/" not in done.stdout
+
+
+def test_keystone_serve_stops_through_its_exit_handlers_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM ends `keystone serve` like Ctrl-C, so what it started (agents, the throwaway
+    PostgreSQL cluster) is stopped by its exit handlers instead of outliving it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "evaluations.cli", "serve", "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=_fresh_env(tmp_path / "home"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None
+                time.sleep(0.5)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0  # exited, not killed by the signal (-15)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

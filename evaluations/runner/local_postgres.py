@@ -17,9 +17,10 @@ import tempfile
 import threading
 from pathlib import Path
 
+PREFIX = "keystone-pg-"
+OWNER_FILE = "owner.pid"  # the process whose cluster this is
 _lock = threading.Lock()
 _url: str | None = None
-_directory: Path | None = None
 
 
 class LocalPostgresError(Exception):
@@ -44,7 +45,7 @@ def postgres_bin() -> Path | None:
 
 def local_postgres_url() -> str:
     """The URL of this process's throwaway cluster, started on first use."""
-    global _url, _directory
+    global _url
     with _lock:
         if _url is not None:
             return _url
@@ -53,20 +54,42 @@ def local_postgres_url() -> str:
             raise LocalPostgresError(
                 "no PostgreSQL binaries (initdb, pg_ctl) on this machine to start a throwaway cluster"
             )
-        directory = Path(tempfile.mkdtemp(prefix="keystone-pg-"))
+        _sweep_orphans(binaries)
+        directory = Path(tempfile.mkdtemp(prefix=PREFIX))
+        (directory / OWNER_FILE).write_text(str(os.getpid()))
         port = _free_port()
         prefix = _as_owner(directory)
         try:
-            _run(prefix, [str(binaries / "initdb"), "-D", str(directory / "data"),
-                  "-U", "postgres", "-A", "trust"])  # fmt: skip
-            _run(prefix, [str(binaries / "pg_ctl"), "-D", str(directory / "data"), "-w",
-                  "-l", str(directory / "postgres.log"), "-o",
-                  f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off",
-                  "start"])  # fmt: skip
+            _run(
+                prefix,
+                [
+                    str(binaries / "initdb"),
+                    "-D",
+                    str(directory / "data"),
+                    "-U",
+                    "postgres",
+                    "-A",
+                    "trust",
+                ],
+            )
+            _run(
+                prefix,
+                [
+                    str(binaries / "pg_ctl"),
+                    "-D",
+                    str(directory / "data"),
+                    "-w",
+                    "-l",
+                    str(directory / "postgres.log"),
+                    "-o",
+                    f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off",
+                    "start",
+                ],
+            )
         except LocalPostgresError:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        _url, _directory = f"postgresql://postgres@127.0.0.1:{port}/postgres", directory
+        _url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
         atexit.register(_stop, binaries, directory, prefix)
         return _url
 
@@ -106,6 +129,29 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _sweep_orphans(binaries: Path) -> None:
+    """Stop and delete the clusters of processes that died without their exit handlers (a
+    SIGKILL): nothing else would ever stop those servers."""
+    for directory in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
+        try:
+            owner = int((directory / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(owner):
+            continue
+        _stop(binaries, directory, _as_owner(directory))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _stop(binaries: Path, directory: Path, prefix: list[str]) -> None:
     subprocess.run(
         [
@@ -116,7 +162,7 @@ def _stop(binaries: Path, directory: Path, prefix: list[str]) -> None:
             "-m",
             "immediate",
             "stop",
-        ],  # fmt: skip
+        ],
         capture_output=True,
         timeout=60,
         check=False,

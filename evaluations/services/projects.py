@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,38 +125,87 @@ def project_default() -> Project:
     return project
 
 
-# A first history for the demo: a spec on two branches (one prompt fails on purpose) and the
-# python support agent, so the pages have something true to show.
-DEMO_RUNS = (
-    ("calculator-fix", "main"),
-    ("calculator-fix", "feature/tidy"),
-    ("support-agent-python", "main"),
+# The demo's history, made by really running the demo specs (in this order, each to its end):
+# (spec, branch, scenarios or None for all, what the step shows). calculator-fix on main is
+# promoted to baseline; "release 2" of its agent then loses the fix one replica in three: a
+# regression against that baseline and a flaky scenario. refund-agent's borderline judge
+# verdicts wait for people in the review queue.
+DEMO_AGENT_RELEASE_2 = 'env: {SHELL_AGENT_RELEASE: "2"}'
+DEMO_HISTORY: tuple[tuple[str, str, list[str] | None, str], ...] = (
+    ("calculator-fix", "main", None, "promoted to baseline"),
+    ("calculator-fix", "feature/tidy", None, "a second branch"),
+    ("support-agent-python", "main", None, "a python agent under tool faults"),
+    ("refund-agent", "main", ["no-chaos", "hostile-tool"], "judge verdicts for review"),
+    ("calculator-fix@release-2", "main", None, "a regression and a flaky scenario"),
 )
 
 
-def demo_runs_seed() -> list[str]:
-    """Queue the demo's first runs, once (only while the default project has no run): the
-    worker beside `keystone serve --demo` executes them at start-up."""
+def demo_runs_seed(*, on_step: Callable[[str], None] | None = None) -> list[str]:
+    """Give the demo a history worth looking at, once (only while the default project has no
+    run): each step of DEMO_HISTORY is run here to its end through the same services as a
+    worker, so every page shows something true. Takes about a minute."""
     from evaluations.models import Run, SpecVersion, Trigger
+    from evaluations.services.baselines import baseline_promote
     from evaluations.services.runs import run_create
 
     project = project_default()
     if Run.objects.filter(project=project).exists():
         return []
     lines = []
-    for slug, branch in DEMO_RUNS:
+    for name, branch, scenarios, shows in DEMO_HISTORY:
+        slug, _, release = name.partition("@")
         version = (
             SpecVersion.objects.filter(spec__project=project, spec__slug=slug)
-            .order_by("-number")
+            .order_by("number")
             .first()
         )
         if version is None:
             continue
+        if release:
+            version = _demo_release_2(version)
         run = run_create(
-            spec_version=version, trigger=Trigger.WEB, labels={"branch": branch}, enqueue=False
+            spec_version=version,
+            trigger=Trigger.WEB,
+            labels={"branch": branch},
+            scenarios=scenarios,
+            enqueue=False,
         )
-        lines.append(f"demo run #{run.pk}: {slug} on {branch}, queued for the worker")
+        _demo_run_now(run.pk)
+        run.refresh_from_db()
+        if (slug, branch, release) == ("calculator-fix", "main", ""):
+            baseline_promote(run_id=run.pk, user=None, name="main baseline")
+        lines.append(
+            f"demo run #{run.pk}: {slug} v{version.number} on {branch} ({shows}): "
+            f"{run.status}, exit code {run.exit_code}"
+        )
+        if on_step is not None:
+            on_step(lines[-1])
     return lines
+
+
+def _demo_release_2(version: Any) -> Any:
+    """The same spec with the shell agent's buggy release 2: a new version of the spec."""
+    text = version.source_yaml.replace(
+        '  command: "sh agent.sh"\n', f'  command: "sh agent.sh"\n  {DEMO_AGENT_RELEASE_2}\n', 1
+    )
+    if text == version.source_yaml:
+        raise ValueError(f'{version.spec.slug}: no `command: "sh agent.sh"` to give release 2')
+    return spec_version_create(
+        project=version.spec.project,
+        source_yaml="# The demo: release 2 of the shell agent (a regression)\n" + text,
+        source_name=f"{version.spec.slug}.yaml (release 2)",
+        base_dir=version.base_dir,
+    )
+
+
+def _demo_run_now(run_id: int) -> None:
+    from evaluations.services.executions import execution_execute
+    from evaluations.services.finalize import run_finalize_if_done
+    from evaluations.services.runs import run_plan
+
+    for execution_id in run_plan(run_id=run_id):
+        execution_execute(execution_id=execution_id, worker="demo-seed")
+    run_finalize_if_done(run_id=run_id)
 
 
 def demo_load() -> list[str]:
