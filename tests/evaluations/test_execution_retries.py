@@ -160,3 +160,26 @@ def test_a_throwaway_cluster_that_cannot_start_is_said_at_once_naming_the_settin
     assert (execution.status, execution.attempt) == (ExecutionStatus.ERROR, 1)
     assert "set KEYSTONE_POSTGRES_URL" in execution.error
     assert "the throwaway PostgreSQL cluster did not start (initdb:" in execution.error
+
+
+def test_a_docker_spec_with_no_engine_ends_as_error_at_once_saying_why(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19: on a worker, a spec that needs Docker where no engine answers is an error
+    with the reason at once, not an internal error and not an execution left claimed."""
+    from checks.results import INTERNAL_ERROR_PREFIX
+    from evaluations.runner.sandbox import docker_status
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    docker_status.cache_clear()
+    try:
+        run = _start(project, NEEDS_POSTGRES.replace("backend: local", "backend: docker"))
+        work_once("test-worker:1")
+    finally:
+        docker_status.cache_clear()
+    execution = Execution.objects.get(run=run)
+    run.refresh_from_db()
+    assert (execution.status, execution.attempt) == (ExecutionStatus.ERROR, 1)
+    assert "no Docker engine could be reached" in execution.error
+    assert not execution.error.startswith(INTERNAL_ERROR_PREFIX)
+    assert run.status == RunStatus.COMPLETED and run.exit_code == 1
