@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -125,18 +125,25 @@ def project_default() -> Project:
     return project
 
 
-# The demo's history, made by really running the demo specs (in this order, each to its end):
-# (spec, branch, scenarios or None for all, what the step shows). calculator-fix on main is
-# promoted to baseline; "release 2" of its agent then loses the fix one replica in three: a
-# regression against that baseline and a flaky scenario. refund-agent's borderline judge
-# verdicts wait for people in the review queue.
-DEMO_AGENT_RELEASE_2 = 'env: {SHELL_AGENT_RELEASE: "2"}'
-DEMO_HISTORY: tuple[tuple[str, str, list[str] | None, str], ...] = (
-    ("calculator-fix", "main", None, "promoted to baseline"),
-    ("calculator-fix", "feature/tidy", None, "a second branch"),
-    ("support-agent-python", "main", None, "a python agent under tool faults"),
-    ("refund-agent", "main", ["no-chaos", "hostile-tool"], "judge verdicts for review"),
-    ("calculator-fix@release-2", "main", None, "a regression and a flaky scenario"),
+class DemoStep(NamedTuple):
+    slug: str
+    branch: str
+    shows: str
+    scenarios: list[str] | None = None  # None: every scenario
+    buggy_release: bool = False  # the shell agent's release 2 (SHELL_AGENT_RELEASE=2)
+    baseline: bool = False  # promote the run to its spec's baseline
+
+
+# The demo's history, made by really running the demo specs, in this order, each to its end.
+# calculator-fix on main becomes the baseline; the shell agent's buggy release 2 then loses
+# its fix one replica in three: a regression against that baseline and a flaky scenario.
+# refund-agent's borderline judge verdicts wait for people in the review queue.
+DEMO_HISTORY = (
+    DemoStep("calculator-fix", "main", "promoted to baseline", baseline=True),
+    DemoStep("calculator-fix", "feature/tidy", "a second branch"),
+    DemoStep("support-agent-python", "main", "a python agent under tool faults"),
+    DemoStep("refund-agent", "main", "judge verdicts for review", ["no-chaos", "hostile-tool"]),
+    DemoStep("calculator-fix", "main", "a regression and a flaky scenario", buggy_release=True),
 )
 
 
@@ -152,44 +159,42 @@ def demo_runs_seed(*, on_step: Callable[[str], None] | None = None) -> list[str]
     if Run.objects.filter(project=project).exists():
         return []
     lines = []
-    for name, branch, scenarios, shows in DEMO_HISTORY:
-        slug, _, release = name.partition("@")
+    for step in DEMO_HISTORY:
         version = (
-            SpecVersion.objects.filter(spec__project=project, spec__slug=slug)
+            SpecVersion.objects.filter(spec__project=project, spec__slug=step.slug)
             .order_by("number")
             .first()
         )
         if version is None:
             continue
-        if release:
-            version = _demo_release_2(version)
+        if step.buggy_release:
+            version = _demo_buggy_release(version)
         run = run_create(
             spec_version=version,
             trigger=Trigger.WEB,
-            labels={"branch": branch},
-            scenarios=scenarios,
+            labels={"branch": step.branch},
+            scenarios=step.scenarios,
             enqueue=False,
         )
         _demo_run_now(run.pk)
         run.refresh_from_db()
-        if (slug, branch, release) == ("calculator-fix", "main", ""):
-            baseline_promote(run_id=run.pk, user=None, name="main baseline")
+        if step.baseline:
+            baseline_promote(run_id=run.pk, user=None, name=f"{step.branch} baseline")
         lines.append(
-            f"demo run #{run.pk}: {slug} v{version.number} on {branch} ({shows}): "
-            f"{run.status}, exit code {run.exit_code}"
+            f"demo run #{run.pk}: {step.slug} v{version.number} on {step.branch} "
+            f"({step.shows}): {run.status}, exit code {run.exit_code}"
         )
         if on_step is not None:
             on_step(lines[-1])
     return lines
 
 
-def _demo_release_2(version: Any) -> Any:
-    """The same spec with the shell agent's buggy release 2: a new version of the spec."""
-    text = version.source_yaml.replace(
-        '  command: "sh agent.sh"\n', f'  command: "sh agent.sh"\n  {DEMO_AGENT_RELEASE_2}\n', 1
-    )
-    if text == version.source_yaml:
-        raise ValueError(f'{version.spec.slug}: no `command: "sh agent.sh"` to give release 2')
+def _demo_buggy_release(version: Any) -> Any:
+    """The same spec running the shell agent's release 2: a new version of the spec."""
+    command = '  command: "sh agent.sh"\n'
+    if command not in version.source_yaml:
+        raise ValueError(f"{version.spec.slug}: no `{command.strip()}` to give release 2")
+    text = version.source_yaml.replace(command, command + '  env: {SHELL_AGENT_RELEASE: "2"}\n', 1)
     return spec_version_create(
         project=version.spec.project,
         source_yaml="# The demo: release 2 of the shell agent (a regression)\n" + text,
