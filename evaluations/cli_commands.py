@@ -12,13 +12,19 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_PROVIDER_ERROR, EXIT_SPEC_INVALID
+from checks.exit_codes import (
+    EXIT_GATE_FAILED,
+    EXIT_INTERNAL_ERROR,
+    EXIT_PROVIDER_ERROR,
+    EXIT_SPEC_INVALID,
+)
 
 
 def setup_django(*, migrate: bool = True) -> None:
@@ -80,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec_path = Path(args.spec)
     try:
-        load_spec_file(spec_path)  # refuse an invalid spec before touching any database
+        spec = load_spec_file(spec_path)  # refuse an invalid spec before touching any database
     except SpecValidationError as exc:
         for error in exc.errors:
             print(f"{spec_path}: {error}", file=sys.stderr)
@@ -97,6 +103,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from evaluations import services
     from evaluations.models import Trigger
 
+    if settings.CELERY_TASK_ALWAYS_EAGER:  # the executions run here: can this machine?
+        from evaluations.runner.sandbox import docker_missing
+
+        missing = docker_missing(spec.raw.get("sandbox") or {})
+        if missing:
+            print(f"{spec_path}: {missing}; nothing was run", file=sys.stderr)
+            return EXIT_GATE_FAILED
     project = services.project_default()
     try:
         version = services.spec_version_create(
@@ -396,8 +409,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.demo:
         from evaluations.services import demo_load, demo_runs_seed
 
-        for line in [*demo_load(), *demo_runs_seed()]:
+        for line in demo_load():
             print(line)
+        # The first start only: the demo specs really run here, so the pages have a history.
+        print("keystone serve: making the demo's history when it has none (about a minute)")
+        demo_runs_seed(on_step=lambda line: print(line, flush=True))
     stop = threading.Event()
     if settings.CELERY_TASK_ALWAYS_EAGER:
         from evaluations.embedded_worker import poll_forever
@@ -407,6 +423,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             target=poll_forever, args=(stop,), daemon=True, name="keystone-worker"
         ).start()
         print("keystone serve: embedded worker started (no broker configured)")
+    # SIGTERM ends the server like Ctrl-C, through the exit handlers: the agents and the
+    # throwaway PostgreSQL cluster this process started are stopped, not left running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         call_command(
             "runserver", f"{args.host}:{args.port}", use_reloader=False, use_threading=True

@@ -208,9 +208,12 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
 
-if not DEBUG:
-    SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
-    CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
+# Cookies only over HTTPS when the server says it is reached over HTTPS (KEYSTONE_BASE_URL),
+# so that the zero-configuration `keystone serve` on http://127.0.0.1 can log people in.
+_HTTPS = env_str("KEYSTONE_BASE_URL").startswith("https://")
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", _HTTPS)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", _HTTPS)
+if SESSION_COOKIE_SECURE:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # --- I18N -------------------------------------------------------------------------------
@@ -327,6 +330,9 @@ KEYSTONE_WORK_DIR = Path(env_str("KEYSTONE_WORK_DIR") or KEYSTONE_HOME / "work")
 # services, e.g. postgresql://postgres@127.0.0.1:5432/postgres, mysql://root@127.0.0.1:3306/.
 KEYSTONE_POSTGRES_URL = env_str("KEYSTONE_POSTGRES_URL")
 KEYSTONE_MYSQL_URL = env_str("KEYSTONE_MYSQL_URL")
+# With no KEYSTONE_POSTGRES_URL, a throwaway cluster of the machine's own initdb/pg_ctl
+# (evaluations/runner/local_postgres.py), so a demo spec with a postgres service runs as is.
+KEYSTONE_POSTGRES_LOCAL_CLUSTER = env_bool("KEYSTONE_POSTGRES_LOCAL_CLUSTER", True)
 # Default judge for llm_as_judge checks whose spec has no `judge:` block.
 KEYSTONE_JUDGE_PROVIDER = env_str("KEYSTONE_JUDGE_PROVIDER", "openai")
 KEYSTONE_JUDGE_MODEL = env_str("KEYSTONE_JUDGE_MODEL", "gpt-4o-mini")

@@ -51,24 +51,40 @@ def test_a_demo_spec_started_from_the_web_finds_its_relative_files() -> None:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_the_demo_starts_with_a_history_its_worker_really_runs() -> None:
-    """Issue 19: the demo's pages have runs to show, made by running the demo specs."""
-    from evaluations.embedded_worker import work_once
-    from evaluations.models import Run, RunStatus
-    from evaluations.services import demo_runs_seed
+def test_the_demo_starts_with_a_history_worth_looking_at_made_by_running_the_specs() -> None:
+    """Issue 19: after seeding, the demo has a baseline, a regression against it, a flaky
+    scenario and review items waiting, all from really running the demo specs."""
+    from evaluations.models import Baseline, Execution, ReviewItem, ReviewStatus, Run, RunStatus
+    from evaluations.selectors.regressions import project_regressions
+    from evaluations.services import demo_runs_seed, project_default
 
     demo_load()
     lines = demo_runs_seed()
-    assert len(lines) == 3 and demo_runs_seed() == []  # once
-    for _ in range(100):
-        if work_once("demo:test") is None:
-            break
-    runs = {(r.spec.slug, r.branch): r for r in Run.objects.select_related("spec")}
-    assert set(runs) == {
+    assert len(lines) == 5, lines
+    assert demo_runs_seed() == []  # once
+    runs = list(Run.objects.select_related("spec", "spec_version").order_by("pk"))
+    assert [(r.spec.slug, r.branch) for r in runs] == [
         ("calculator-fix", "main"),
         ("calculator-fix", "feature/tidy"),
         ("support-agent-python", "main"),
-    }
-    assert all(r.status == RunStatus.COMPLETED for r in runs.values())
-    # calculator-fix fails its second prompt on purpose; both branches show it.
-    assert runs[("calculator-fix", "main")].exit_code == 1
+        ("refund-agent", "main"),
+        ("calculator-fix", "main"),
+    ]
+    assert all(r.status == RunStatus.COMPLETED for r in runs), [r.status for r in runs]
+    # Really run: every planned execution ran, none could not start.
+    for run in runs:
+        statuses = set(Execution.objects.filter(run=run).values_list("status", flat=True))
+        assert statuses and "error" not in statuses and "pending" not in statuses, (run, statuses)
+
+    baseline = Baseline.objects.get(active=True)
+    assert baseline.run_id == runs[0].pk and baseline.spec.slug == "calculator-fix"
+
+    regressions = project_regressions(project_default())
+    assert [(r.spec_slug, r.run_id) for r in regressions] == [("calculator-fix", runs[4].pk)]
+    assert runs[4].spec_version.number == 2  # the agent's release 2
+
+    flaky = [g for g in runs[4].summary["groups"] if g["status"] == "flaky"]
+    assert flaky and all(g["prompt_index"] == 0 for g in flaky), runs[4].summary["groups"]
+
+    waiting = ReviewItem.objects.filter(run=runs[3], status=ReviewStatus.OPEN)
+    assert waiting.exists()

@@ -27,6 +27,7 @@ from checks.results import PROVIDER_CODES, CheckResult
 from checks.spec.model import Scenario, Spec
 from evaluations.runner import cgroups
 from evaluations.runner import workspace as ws
+from evaluations.runner.agent_start import ensure_started
 from evaluations.runner.agents import invoke_agent, reset_agent
 from evaluations.runner.audit import write_audit
 from evaluations.runner.context_attacks import apply_to_messages
@@ -127,7 +128,11 @@ def run_execution(
                 "memory_mb": resources.get("memory_mb", 2048),
                 "max_processes": resources.get("max_processes", DEFAULT_MAX_PROCESSES),
             }
-            setup_error = _run_setup(spec, sandbox, run_kwargs)
+            setup_error = ensure_started(
+                spec.agent,
+                spec_dir=config.spec_dir,
+                allowed=not config.confine_to_spec_dir or config.policy.allow_host_scripts,
+            ) or _run_setup(spec, sandbox, run_kwargs)
             if not setup_error:
                 # A reset that fails leaves the previous cell's state in the agent: the
                 # execution would be judged on contaminated ground, so it does not run.

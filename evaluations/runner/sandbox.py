@@ -690,6 +690,33 @@ def docker_status() -> tuple[bool, str]:
     return True, "ok"
 
 
+def docker_missing(sandbox_conf: dict[str, Any]) -> str | None:
+    """What a spec whose sandbox is docker lacks on this machine (the engine, or its image
+    here, since images are not pulled), or None."""
+    if sandbox_conf.get("backend") != "docker":
+        return None
+    image = str(sandbox_conf.get("image") or DEFAULT_DOCKER_IMAGE)
+    ok, reason = docker_status()
+    if not ok:
+        return f"the spec needs Docker (sandbox.backend: docker) and no Docker engine answers ({reason})"
+    import docker
+    import docker.errors
+
+    client = docker.from_env(timeout=10)
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return (
+            f"the spec needs the Docker image {image}, which this engine does not have "
+            f"(docker pull {image})"
+        )
+    except docker.errors.DockerException as exc:
+        return f"the spec needs the Docker image {image} and the engine could not say if it has it ({exc})"
+    finally:
+        client.close()
+    return None
+
+
 def docker_available() -> bool:
     return docker_status()[0]
 

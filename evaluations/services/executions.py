@@ -108,7 +108,30 @@ def execution_release(*, execution_id: int, worker: str, reason: str) -> bool:
     return True
 
 
-def harness_config(run: Run) -> Any:
+def _postgres_url(spec: Any) -> str | None:
+    """KEYSTONE_POSTGRES_URL, else (when the spec has a postgres service) this process's
+    throwaway cluster; None when there is neither, which the service reports naming the
+    setting."""
+    from evaluations.runner.local_postgres import LocalPostgresError, local_postgres_url
+    from evaluations.runner.services import ServiceNotConfigured
+
+    if settings.KEYSTONE_POSTGRES_URL:
+        return str(settings.KEYSTONE_POSTGRES_URL)
+    needs = [s for s in spec.services if s.get("type") == "postgres"]
+    if not needs or not settings.KEYSTONE_POSTGRES_LOCAL_CLUSTER:
+        return None
+    try:
+        return local_postgres_url()
+    except LocalPostgresError as exc:
+        raise ServiceNotConfigured(
+            str(needs[0].get("name") or "?"),
+            f"the spec needs a postgres server and this Keystone has none: set "
+            f"KEYSTONE_POSTGRES_URL to a server where it may create a database per execution "
+            f"({exc})",
+        ) from exc
+
+
+def harness_config(run: Run, spec: Any) -> Any:
     from evaluations.runner.harness import HarnessConfig
 
     spec_dir = run.options.get("spec_dir") or ""
@@ -124,7 +147,7 @@ def harness_config(run: Run) -> Any:
         spec_dir=Path(spec_dir),
         confine_to_spec_dir=not run.options.get("spec_dir"),
         sandbox_backend=settings.KEYSTONE_SANDBOX_BACKEND or None,
-        postgres_url=settings.KEYSTONE_POSTGRES_URL or None,
+        postgres_url=_postgres_url(spec),
         mysql_url=settings.KEYSTONE_MYSQL_URL or None,
         policy=SecurityPolicy(
             allow_python_hooks=settings.KEYSTONE_ALLOW_PYTHON_HOOKS,
@@ -138,6 +161,7 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
     """Claim, run and record one execution. False when another worker has it or it is done."""
     from evaluations.judge import judge_for_run
     from evaluations.runner.harness import choose_sandbox, run_execution
+    from evaluations.runner.sandbox import SandboxUnavailable
     from evaluations.runner.services import ServiceError, ServiceNotConfigured
 
     if not execution_claim(execution_id=execution_id, worker=worker):
@@ -145,8 +169,14 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
     execution = Execution.objects.select_related("run__spec_version").get(pk=execution_id)
     run = execution.run
     spec = engine_spec(run)
-    config = harness_config(run)
-    sandbox, warning = choose_sandbox(spec, config.sandbox_backend)
+    try:
+        config = harness_config(run, spec)
+        sandbox, warning = choose_sandbox(spec, config.sandbox_backend)
+    except (ServiceNotConfigured, SandboxUnavailable) as exc:  # said at once, never retried
+        execution_record_error(execution_id=execution_id, worker=worker, error=str(exc))
+        if str(exc) not in run.warnings:
+            run_warning_add(run_id=run.pk, warning=str(exc))
+        return True
     # The policy again, as it is now (it may have tightened since the upload), and against
     # the backend this host really gives (the default may have fallen back to local).
     refused = [f"{path}: {why}" for path, why in policy.spec_refusals(run.spec_version.parsed)]

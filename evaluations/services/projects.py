@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -124,38 +125,92 @@ def project_default() -> Project:
     return project
 
 
-# A first history for the demo: a spec on two branches (one prompt fails on purpose) and the
-# python support agent, so the pages have something true to show.
-DEMO_RUNS = (
-    ("calculator-fix", "main"),
-    ("calculator-fix", "feature/tidy"),
-    ("support-agent-python", "main"),
+class DemoStep(NamedTuple):
+    slug: str
+    branch: str
+    shows: str
+    scenarios: list[str] | None = None  # None: every scenario
+    buggy_release: bool = False  # the shell agent's release 2 (SHELL_AGENT_RELEASE=2)
+    baseline: bool = False  # promote the run to its spec's baseline
+
+
+# The demo's history, made by really running the demo specs, in this order, each to its end.
+# calculator-fix on main becomes the baseline; the shell agent's buggy release 2 then loses
+# its fix one replica in three: a regression against that baseline and a flaky scenario.
+# refund-agent's borderline judge verdicts wait for people in the review queue.
+DEMO_HISTORY = (
+    DemoStep("calculator-fix", "main", "promoted to baseline", baseline=True),
+    DemoStep("calculator-fix", "feature/tidy", "a second branch"),
+    DemoStep("support-agent-python", "main", "a python agent under tool faults"),
+    DemoStep("refund-agent", "main", "judge verdicts for review", ["no-chaos", "hostile-tool"]),
+    DemoStep("calculator-fix", "main", "a regression and a flaky scenario", buggy_release=True),
 )
 
 
-def demo_runs_seed() -> list[str]:
-    """Queue the demo's first runs, once (only while the default project has no run): the
-    worker beside `keystone serve --demo` executes them at start-up."""
+def demo_runs_seed(*, on_step: Callable[[str], None] | None = None) -> list[str]:
+    """Give the demo a history worth looking at, once (only while the default project has no
+    run): each step of DEMO_HISTORY is run here to its end through the same services as a
+    worker, so every page shows something true. Takes about a minute."""
     from evaluations.models import Run, SpecVersion, Trigger
+    from evaluations.services.baselines import baseline_promote
     from evaluations.services.runs import run_create
 
     project = project_default()
     if Run.objects.filter(project=project).exists():
         return []
     lines = []
-    for slug, branch in DEMO_RUNS:
+    for step in DEMO_HISTORY:
         version = (
-            SpecVersion.objects.filter(spec__project=project, spec__slug=slug)
-            .order_by("-number")
+            SpecVersion.objects.filter(spec__project=project, spec__slug=step.slug)
+            .order_by("number")
             .first()
         )
         if version is None:
             continue
+        if step.buggy_release:
+            version = _demo_buggy_release(version)
         run = run_create(
-            spec_version=version, trigger=Trigger.WEB, labels={"branch": branch}, enqueue=False
+            spec_version=version,
+            trigger=Trigger.WEB,
+            labels={"branch": step.branch},
+            scenarios=step.scenarios,
+            enqueue=False,
         )
-        lines.append(f"demo run #{run.pk}: {slug} on {branch}, queued for the worker")
+        _demo_run_now(run.pk)
+        run.refresh_from_db()
+        if step.baseline:
+            baseline_promote(run_id=run.pk, user=None, name=f"{step.branch} baseline")
+        lines.append(
+            f"demo run #{run.pk}: {step.slug} v{version.number} on {step.branch} "
+            f"({step.shows}): {run.status}, exit code {run.exit_code}"
+        )
+        if on_step is not None:
+            on_step(lines[-1])
     return lines
+
+
+def _demo_buggy_release(version: Any) -> Any:
+    """The same spec running the shell agent's release 2: a new version of the spec."""
+    command = '  command: "sh agent.sh"\n'
+    if command not in version.source_yaml:
+        raise ValueError(f"{version.spec.slug}: no `{command.strip()}` to give release 2")
+    text = version.source_yaml.replace(command, command + '  env: {SHELL_AGENT_RELEASE: "2"}\n', 1)
+    return spec_version_create(
+        project=version.spec.project,
+        source_yaml="# The demo: release 2 of the shell agent (a regression)\n" + text,
+        source_name=f"{version.spec.slug}.yaml (release 2)",
+        base_dir=version.base_dir,
+    )
+
+
+def _demo_run_now(run_id: int) -> None:
+    from evaluations.services.executions import execution_execute
+    from evaluations.services.finalize import run_finalize_if_done
+    from evaluations.services.runs import run_plan
+
+    for execution_id in run_plan(run_id=run_id):
+        execution_execute(execution_id=execution_id, worker="demo-seed")
+    run_finalize_if_done(run_id=run_id)
 
 
 def demo_load() -> list[str]:

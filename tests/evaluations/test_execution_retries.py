@@ -6,6 +6,7 @@ meanwhile the worker takes the executions of other runs instead of waiting behin
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,10 +113,73 @@ def test_a_database_server_this_keystone_has_none_of_is_said_at_once_not_retried
     project: Project, settings: Any
 ) -> None:
     settings.KEYSTONE_POSTGRES_URL = ""
+    settings.KEYSTONE_POSTGRES_LOCAL_CLUSTER = False
     run = _start(project, NEEDS_POSTGRES)
     work_once("test-worker:1")
     execution = Execution.objects.get(run=run)
     run.refresh_from_db()
     assert (execution.status, execution.attempt) == (ExecutionStatus.ERROR, 1)
     assert "set KEYSTONE_POSTGRES_URL" in execution.error
+    assert run.status == RunStatus.COMPLETED and run.exit_code == 1
+
+
+def test_with_no_postgres_setting_the_execution_gets_a_throwaway_cluster(
+    project: Project, settings: Any
+) -> None:
+    """Issue 19: a demo spec with a postgres service runs on a fresh machine with no setting:
+    the machine's initdb/pg_ctl start a cluster of this process's own."""
+    settings.KEYSTONE_POSTGRES_URL = ""
+    settings.KEYSTONE_POSTGRES_LOCAL_CLUSTER = True
+    run = _start(project, NEEDS_POSTGRES)
+    work_once("test-worker:1")
+    execution = Execution.objects.get(run=run)
+    run.refresh_from_db()
+    assert (execution.status, execution.error) == (ExecutionStatus.SUCCESS, "")
+    assert run.status == RunStatus.COMPLETED and run.exit_code == 0
+
+
+def test_a_throwaway_cluster_that_cannot_start_is_said_at_once_naming_the_setting(
+    project: Project, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from evaluations.runner import local_postgres
+
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    for name in ("initdb", "pg_ctl"):
+        (broken / name).write_text(
+            "#!/bin/sh\necho 'initdb: cannot create the cluster' >&2\nexit 1\n"
+        )
+        (broken / name).chmod(0o755)
+    monkeypatch.setattr(local_postgres, "_url", None)
+    monkeypatch.setattr(local_postgres, "postgres_bin", lambda: broken)
+    settings.KEYSTONE_POSTGRES_URL = ""
+    settings.KEYSTONE_POSTGRES_LOCAL_CLUSTER = True
+    run = _start(project, NEEDS_POSTGRES)
+    work_once("test-worker:1")
+    execution = Execution.objects.get(run=run)
+    assert (execution.status, execution.attempt) == (ExecutionStatus.ERROR, 1)
+    assert "set KEYSTONE_POSTGRES_URL" in execution.error
+    assert "the throwaway PostgreSQL cluster did not start (initdb:" in execution.error
+
+
+def test_a_docker_spec_with_no_engine_ends_as_error_at_once_saying_why(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19: on a worker, a spec that needs Docker where no engine answers is an error
+    with the reason at once, not an internal error and not an execution left claimed."""
+    from checks.results import INTERNAL_ERROR_PREFIX
+    from evaluations.runner.sandbox import docker_status
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    docker_status.cache_clear()
+    try:
+        run = _start(project, NEEDS_POSTGRES.replace("backend: local", "backend: docker"))
+        work_once("test-worker:1")
+    finally:
+        docker_status.cache_clear()
+    execution = Execution.objects.get(run=run)
+    run.refresh_from_db()
+    assert (execution.status, execution.attempt) == (ExecutionStatus.ERROR, 1)
+    assert "no Docker engine could be reached" in execution.error
+    assert not execution.error.startswith(INTERNAL_ERROR_PREFIX)
     assert run.status == RunStatus.COMPLETED and run.exit_code == 1

@@ -2,7 +2,8 @@
 
     python examples/agents/finance_agent/server.py --port 8765
 
-POST /invoke {"input": "..."} -> {"output": "..."}; POST /reset clears its memory.
+POST /invoke {"input": "..."} -> {"output": "..."}; POST /reset clears its memory;
+GET /health answers 200 once it listens (the spec's readiness probe).
 It answers with the openai SDK and one tool, `market_data_api` (GET a path on the market
 data service). During a Keystone run the request carries X-Keystone-Env (JSON) with the
 execution's gateway (OPENAI_BASE_URL, OPENAI_API_KEY) and tool URLs; the agent uses them,
@@ -108,6 +109,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         return
+
+    def do_GET(self) -> None:
+        # The readiness probe of the spec's `agent.start`.
+        if self.path == "/health":
+            self._reply(200, {"ok": True})
+        else:
+            self._reply(404, {"error": "unknown path"})
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)

@@ -8,10 +8,16 @@ export PYTHONDONTWRITEBYTECODE=1   # keep __pycache__ out of the workspace diff
 prompt=$(cat)
 echo "task: $prompt"
 
+# SHELL_AGENT_RELEASE=2 is this agent's buggy release (the demo's regression): its patch step
+# is skipped on every third replica, so the fix works two times in three (a flaky scenario).
 case "$prompt" in
   *add*|*sum*|*bug*)
-    echo "patching calculator.add"
-    sed -i 's/return a - b/return a + b/' calculator.py
+    if [ "${SHELL_AGENT_RELEASE:-1}" = 2 ] && [ $(( ${KEYSTONE_REPLICA:-0} % 3 )) = 2 ]; then
+      echo "release 2: lost the patch"
+    else
+      echo "patching calculator.add"
+      sed -i 's/return a - b/return a + b/' calculator.py
+    fi
     ;;
   *)
     echo "nothing I know how to fix in that task"

@@ -1,0 +1,121 @@
+"""`agent.start` of an HTTP agent: the command that starts the agent's server, and the URL
+that answers once it is ready. Before an execution, the runner probes `ready_url`; when nothing
+answers, it starts the command on the Keystone host (with `sh -c` in the spec's directory, the
+Python that runs Keystone first on PATH), waits until the probe answers 2xx, and keeps the
+server for the next executions of this process; it is stopped when the process exits. A
+server that somebody else already runs on that URL is used as it is.
+
+The command runs outside any sandbox, so it is allowed only for specs read from a directory
+on this machine (`keystone run`, the demo) or with KEYSTONE_ALLOW_HOST_SCRIPTS=true.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_READY_TIMEOUT = 30.0
+_lock = threading.Lock()
+
+
+@dataclass(slots=True)
+class _Server:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return f" (its output ends: {' | '.join(lines[-3:])})" if lines else ""
+
+
+_started: dict[tuple[str, str], _Server] = {}
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return 200 <= response.status < 300
+    except (OSError, ValueError):  # refused, reset, timed out, HTTP error, bad URL
+        return False
+
+
+def ensure_started(agent: dict[str, Any], *, spec_dir: Path, allowed: bool) -> str | None:
+    """None when the agent answers on its ready URL (started here if need be); else why not."""
+    start = agent.get("start")
+    if not start:
+        return None
+    url = str(start["ready_url"])
+    if ready(url):
+        return None
+    if not allowed:
+        return (
+            "agent.start runs a command on the Keystone host: allowed for specs read from a "
+            "directory (keystone run, the demo) or with KEYSTONE_ALLOW_HOST_SCRIPTS=true; "
+            f"start the agent yourself so that {url} answers"
+        )
+    command = str(start["command"])
+    timeout = float(start.get("timeout") or DEFAULT_READY_TIMEOUT)
+    with _lock:  # one start per process, even with executions in several threads
+        server = _started.get((command, str(spec_dir)))
+        if server is None or server.process.poll() is not None:
+            server = _spawn(command, spec_dir)
+            _started[(command, str(spec_dir))] = server
+        deadline = time.monotonic() + timeout
+        while not ready(url):
+            code = server.process.poll()
+            if code is not None:
+                return (
+                    f"agent.start: `{command}` exited with code {code} before {url} "
+                    f"answered{server.tail()}"
+                )
+            if time.monotonic() > deadline:
+                return (
+                    f"agent.start: `{command}` started but {url} did not answer 2xx within "
+                    f"{timeout:g} s{server.tail()}"
+                )
+            time.sleep(0.2)
+    return None
+
+
+def _spawn(command: str, spec_dir: Path) -> _Server:
+    handle, name = tempfile.mkstemp(prefix="keystone-agent-", suffix=".log")
+    env = dict(os.environ)
+    # `python` in the command is the Python that runs Keystone (it has the agents' SDKs).
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    with os.fdopen(handle, "wb") as log:
+        process = subprocess.Popen(
+            ["sh", "-c", command],
+            cwd=spec_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped with all it started
+        )
+    server = _Server(process, Path(name))
+    atexit.register(_stop, server)
+    return server
+
+
+def _stop(server: _Server) -> None:
+    process = server.process
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            os.killpg(process.pid, signal.SIGKILL)
+    server.log_path.unlink(missing_ok=True)
