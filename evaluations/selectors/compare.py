@@ -7,7 +7,8 @@ from checks.compare import DEFAULT_ALPHA, Comparison, compare_summaries
 from checks.report_model import RunSummary
 from checks.scoring import score_run
 from checks.spec.model import Spec as EngineSpec
-from evaluations.models import RUN_TERMINAL_STATUSES, Baseline, Run
+from evaluations.models import RUN_TERMINAL_STATUSES, Run
+from evaluations.selectors.baselines import active_baseline_for
 from evaluations.selectors.records import run_records
 
 
@@ -18,10 +19,11 @@ class ComparisonRefused(ValueError):
 def comparison_reference(after: Run, against: str) -> Run:
     """The run `after` is compared with: `baseline` (its spec's active one) or a run id."""
     if against == "baseline":
-        baseline = Baseline.objects.filter(spec_id=after.spec_id, active=True).first()
+        baseline = active_baseline_for(after.spec_id, after.branch)
         if baseline is None:
             raise ComparisonRefused(
-                f"spec {after.spec.slug} has no active baseline: promote a run on its page, "
+                f"spec {after.spec.slug} has no active baseline for branch "
+                f"{after.branch or 'main'} (nor main): promote a run on its page, "
                 "or compare with another run"
             )
         if baseline.run_id is None:

@@ -206,7 +206,7 @@ def _run_context(access: ProjectAccess, run: Run, summary: dict[str, Any]) -> di
         # A label anyone can set (--label rerun_of=...): linked only when it is a run id.
         "rerun_of": rerun_of if rerun_of.isdigit() else "",
         # Only an ended run can be (or be compared with) the spec's baseline.
-        "baseline": selectors.spec_active_baseline(run.spec_id) if terminal else None,
+        "baseline": selectors.spec_active_baseline(run.spec_id, run.branch) if terminal else None,
     }
 
 
@@ -332,7 +332,7 @@ def run_baseline(request: HttpRequest, project_slug: str, run_id: int) -> HttpRe
         context = {
             "access": access,
             "run": run,
-            "baseline": selectors.spec_active_baseline(run.spec_id),
+            "baseline": selectors.spec_active_baseline(run.spec_id, run.branch),
             "baseline_notice": notice,
             "baseline_error": error,
         }
