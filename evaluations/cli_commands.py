@@ -464,3 +464,79 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
         print(f"wrote {args.markdown}")
     return 1 if comparison.regressed else 0
+
+
+def _baseline_line(baseline: Any) -> str:
+    state = "active" if baseline.active else ("rolled back" if baseline.rolled_back else "replaced")
+    run = f"run {baseline.run_id}" if baseline.run_id else "run deleted"
+    line = (
+        f"{baseline.created:%Y-%m-%d %H:%M}  {baseline.branch:<12} {baseline.name} ({run}, {state})"
+    )
+    if baseline.reason:
+        line += f"  reason: {baseline.reason}"
+    return line
+
+
+def cmd_baseline_promote(args: argparse.Namespace) -> int:
+    """Freeze a completed run as its spec's baseline for a branch (recorded in the history)."""
+    setup_django()
+    from evaluations import services
+
+    try:
+        baseline = services.baseline_promote(
+            run_id=args.run, user=None, name=args.name, branch=args.branch, reason=args.reason
+        )
+    except services.BaselineError as exc:
+        print(f"keystone baseline promote: {exc}", file=sys.stderr)
+        return EXIT_SPEC_INVALID
+    previous = f", replacing {baseline.previous.name}" if baseline.previous else ""
+    print(
+        f"run {args.run} is the baseline {baseline.name} of {baseline.spec.slug} "
+        f"on {baseline.branch}{previous}"
+    )
+    return 0
+
+
+def _spec_of(args: argparse.Namespace, command: str) -> Any:
+    from evaluations.models import Spec
+
+    spec = Spec.objects.filter(project__slug=args.project, slug=args.spec).first()
+    if spec is None:
+        print(
+            f"keystone baseline {command}: no spec {args.spec} in project {args.project}",
+            file=sys.stderr,
+        )
+    return spec
+
+
+def cmd_baseline_rollback(args: argparse.Namespace) -> int:
+    """Undo the last promotion of a spec's branch: the baseline it replaced is active again."""
+    setup_django()
+    from evaluations import services
+
+    spec = _spec_of(args, "rollback")
+    if spec is None:
+        return EXIT_SPEC_INVALID
+    try:
+        restored = services.baseline_rollback(spec_id=spec.pk, branch=args.branch, user=None)
+    except services.BaselineError as exc:
+        print(f"keystone baseline rollback: {exc}", file=sys.stderr)
+        return EXIT_SPEC_INVALID
+    print(f"rolled back: {restored.name} is the baseline of {spec.slug} on {restored.branch}")
+    return 0
+
+
+def cmd_baseline_list(args: argparse.Namespace) -> int:
+    """A spec's promotions, newest first."""
+    setup_django()
+    from evaluations import selectors
+
+    spec = _spec_of(args, "list")
+    if spec is None:
+        return EXIT_SPEC_INVALID
+    history = selectors.spec_baseline_history(spec.pk)
+    if not history:
+        print(f"{spec.slug} has no baseline yet")
+    for baseline in history:
+        print(_baseline_line(baseline))
+    return 0

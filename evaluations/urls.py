@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from evaluations.views import executions, projects, reports, review, runs, specs
+from evaluations.views import baselines, executions, projects, reports, review, runs, specs
 
 urlpatterns = [
     path("", projects.home, name="home"),
@@ -33,6 +33,16 @@ urlpatterns = [
         "p/<slug:project_slug>/specs/<slug:spec_slug>/trends/",
         specs.spec_trends,
         name="spec_trends",
+    ),
+    path(
+        "p/<slug:project_slug>/specs/<slug:spec_slug>/baselines/",
+        baselines.spec_baselines,
+        name="spec_baselines",
+    ),
+    path(
+        "p/<slug:project_slug>/specs/<slug:spec_slug>/baselines/rollback/",
+        baselines.spec_baseline_rollback,
+        name="spec_baseline_rollback",
     ),
     # Runs
     path("p/<slug:project_slug>/runs/", runs.run_list, name="run_list"),

@@ -28,6 +28,7 @@ from checks.families._common import (
 )
 from checks.results import FailureCode, Outcome
 
+
 def string_distance(left: str, right: str) -> float:
     """Levenshtein distance normalised by the longer length: 0.0 identical, 1.0 nothing in
     common (rapidfuzz, linear memory and bit-parallel, so no length cap is needed)."""
@@ -61,7 +62,9 @@ def tool_sequence_distance(
     ]
     arguments = (
         sum(
-            string_distance(_arguments_text(a.get("arguments")), _arguments_text(b.get("arguments")))
+            string_distance(
+                _arguments_text(a.get("arguments")), _arguments_text(b.get("arguments"))
+            )
             for a, b in pairs
         )
         / len(pairs)

@@ -8,6 +8,7 @@ from evaluations.selectors.alerts import (
     project_alert_firings,
     project_alert_rules,
 )
+from evaluations.selectors.baselines import active_baseline_for, spec_baseline_history
 from evaluations.selectors.bounds import SPEC_RUNS, TREND_RUNS
 from evaluations.selectors.digest import digest_markdown
 from evaluations.selectors.executions import (
@@ -155,6 +156,8 @@ __all__ = [
     "run_report",
     "run_result_rows",
     "spec_active_baseline",
+    "active_baseline_for",
+    "spec_baseline_history",
     "spec_branches",
     "spec_latest_version",
     "spec_rows",

@@ -143,4 +143,6 @@ def project_group_changes(project: Project) -> tuple[list[Regression], list[Regr
 
 def project_has_baseline(project: Project) -> bool:
     """Whether any spec of the project has an active baseline to compare runs with."""
-    return Baseline.objects.filter(project=project, active=True, branch=DEFAULT_BASELINE_BRANCH).exists()
+    return Baseline.objects.filter(
+        project=project, active=True, branch=DEFAULT_BASELINE_BRANCH
+    ).exists()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from collections import defaultdict
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Avg, Min, Q, Sum
@@ -82,9 +81,7 @@ def baseline_promote(
                 current.name = name
                 current.save(update_fields=["name"])
             return current
-        Baseline.objects.filter(spec_id=run.spec_id, branch=scope, active=True).update(
-            active=False
-        )
+        Baseline.objects.filter(spec_id=run.spec_id, branch=scope, active=True).update(active=False)
         baseline = Baseline.objects.create(
             project_id=run.project_id,
             spec_id=run.spec_id,

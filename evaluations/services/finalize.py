@@ -55,7 +55,7 @@ def run_finalize(*, run_id: int) -> Run:
     run.overall = summary.overall
     run.gate_passed = summary.exit_code == 0
     run.exit_code = summary.exit_code
-    run.warnings = sorted(set(run.warnings) | set(summary.warnings))
+    run.warnings = sorted(set(run.warnings) | set(summary.warnings) | _no_baseline_warning(run))
     run.status = RunStatus.COMPLETED
     # A run rescored after a review keeps the time it really finished.
     run.finished = run.finished or timezone.now()
@@ -63,6 +63,20 @@ def run_finalize(*, run_id: int) -> Run:
     review_items_select(run_id=run.pk)
     queue.alerts_evaluate_later(run.pk)
     return run
+
+
+def _no_baseline_warning(run: Run) -> set[str]:
+    """Drift measured against nothing passes flagged `no_baseline`; the run page says so, so
+    nobody reads those passes as "unchanged"."""
+    unmeasured = CheckResult.objects.filter(
+        run=run, check_type__in=("drift", "behavior_unchanged"), details__flag="no_baseline"
+    ).count()
+    if not unmeasured:
+        return set()
+    return {
+        f"{unmeasured} drift result(s) had no baseline to compare with and passed flagged "
+        "no_baseline: promote a run of this spec to a baseline (for this branch or main)."
+    }
 
 
 def run_finalize_if_done(*, run_id: int) -> None:
@@ -206,7 +220,9 @@ def _evaluate_deferred_with(run: Run, spec: EngineSpec, deferred: set[str], judg
             by_reference[id(stored.get(invariant.id, _IN_RUN))].append(invariant)
         for invariants in by_reference.values():
             reference = stored.get(invariants[0].id, _IN_RUN)
-            context = CheckContext(prompt=execution.prompt, scenario=execution.scenario, judge=judge)
+            context = CheckContext(
+                prompt=execution.prompt, scenario=execution.scenario, judge=judge
+            )
             if reference is _IN_RUN:
                 same_run = in_run.get(execution.prompt_index)
                 if same_run is not None:

@@ -320,19 +320,28 @@ def run_baseline(request: HttpRequest, project_slug: str, run_id: int) -> HttpRe
     if run is None:
         raise Http404("No such run in this project.")
     notice, error = "", ""
+    baseline_scope = run.branch
     try:
         baseline = services.baseline_promote(
-            run_id=run.pk, user=request.user, name=request.POST.get("name", "")
+            run_id=run.pk,
+            user=request.user,
+            name=request.POST.get("name", ""),
+            branch=request.POST.get("branch") or None,
+            reason=request.POST.get("reason", ""),
         )
     except services.BaselineError as exc:
         error = f"Not promoted: {exc}."
     else:
-        notice = f"Run {run.pk} is now the baseline of {run.spec.slug} ({baseline.name})."
+        baseline_scope = baseline.branch
+        notice = (
+            f"Run {run.pk} is now the baseline of {run.spec.slug} ({baseline.name}) "
+            f"on {baseline.branch}."
+        )
     if is_htmx(request):
         context = {
             "access": access,
             "run": run,
-            "baseline": selectors.spec_active_baseline(run.spec_id, run.branch),
+            "baseline": selectors.spec_active_baseline(run.spec_id, baseline_scope),
             "baseline_notice": notice,
             "baseline_error": error,
         }

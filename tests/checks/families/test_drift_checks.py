@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 from checks.context import CheckContext
-from checks.families.drift import field_diff, string_distance, tool_sequence_distance
+from checks.families.drift import field_diff, string_distance
 from checks.results import FailureCode
 
 BASELINE = json.dumps({"status": "refunded", "amount": 12.5, "note": "Refund issued to card"})

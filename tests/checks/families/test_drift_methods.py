@@ -61,7 +61,10 @@ def test_tool_sequence_orders_identical_argument_reordered_different():
     method = {"method": "tool-sequence"}
     same = drift_of(method, "done", context, [LOOKUP, REFUND])
     changed_argument = drift_of(
-        method, "done", context, [LOOKUP, {**REFUND, "arguments": {"order_id": "1042", "amount": 99}}]
+        method,
+        "done",
+        context,
+        [LOOKUP, {**REFUND, "arguments": {"order_id": "1042", "amount": 99}}],
     )
     reordered = drift_of(method, "done", context, [REFUND, LOOKUP])
     extra_call = drift_of(method, "done", context, [LOOKUP, REFUND, EMAIL])
@@ -76,9 +79,7 @@ def test_tool_sequence_orders_identical_argument_reordered_different():
 def test_tool_sequence_fails_past_max_score_and_names_both_sequences():
     context = CheckContext(baseline_output="done", baseline_tool_calls=[LOOKUP, REFUND])
     artifact = RunArtifact(final_output="done", tool_calls=[ToolCall(name="send_email")])
-    outcome = DriftCheck({"type": "drift", "method": "tool-sequence"}).evaluate(
-        artifact, context
-    )
+    outcome = DriftCheck({"type": "drift", "method": "tool-sequence"}).evaluate(artifact, context)
 
     assert not outcome.passed and outcome.failure_code is FailureCode.DRIFT_EXCEEDED
     assert outcome.details["baseline_tools"] == ["lookup_order", "refund"]

@@ -122,7 +122,7 @@ def test_promote_over_htmx_answers_the_baseline_region(
     assert body.lstrip().startswith('<div id="run-baseline"')
     assert "<html" not in body
     assert 'data-baseline="active"' in body and "rc of refund-agent" in body
-    assert f"Run {run.pk} is now the baseline of refund-agent (rc)." in body
+    assert f"Run {run.pk} is now the baseline of refund-agent (rc) on main." in body
     # The run page's form posts there and swaps the region.
     page = client.get(run_url(make_run(version))).content.decode()
     assert 'hx-target="#run-baseline" hx-swap="outerHTML"' in page
