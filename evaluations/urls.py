@@ -46,6 +46,7 @@ urlpatterns = [
     ),
     # Runs
     path("p/<slug:project_slug>/runs/", runs.run_list, name="run_list"),
+    path("p/<slug:project_slug>/runs/compare/", runs.run_compare_pick, name="run_compare_pick"),
     path("p/<slug:project_slug>/runs/<int:run_id>/", runs.run_detail, name="run_detail"),
     path("p/<slug:project_slug>/runs/<int:run_id>/cell/", runs.run_cell, name="run_cell"),
     path("p/<slug:project_slug>/runs/<int:run_id>/compare/", runs.run_compare, name="run_compare"),

@@ -23,6 +23,7 @@ from django.http import (
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
@@ -419,8 +420,10 @@ def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpRes
     """A run beside its spec's baseline (or `?against=RUN`): the figures and their deltas,
     then every cell that changed with its statistical verdict (checks.compare)."""
     from evaluations.selectors.compare import (
+        EXECUTION_PAIRS_MAX,
         ComparisonRefused,
         comparison_reference,
+        execution_pairs,
         run_comparison,
     )
 
@@ -448,5 +451,29 @@ def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpRes
         comparison=comparison,
         changed=comparison.changed(),
         figures=figures,
+        pairs=execution_pairs(before, after),
+        pairs_max=EXECUTION_PAIRS_MAX,
     )
     return render(request, "runs/run_compare.html", context)
+
+
+@login_required
+@require_GET
+def run_compare_pick(request: HttpRequest, project_slug: str) -> HttpResponse:
+    """The two runs ticked in the runs list: the older is the reference, the newer is
+    compared with it. Anything but two runs of this project goes back to the list, told."""
+    access = project_for(request, project_slug)
+    picked = request.GET.getlist("run")
+    runs = [
+        run
+        for run in (selectors.run_in_project(access.project, int(v)) for v in picked if v.isdigit())
+        if run is not None
+    ]
+    if len(picked) != 2 or len(runs) != 2:
+        messages.error(
+            request, f"Tick exactly two runs of this project to compare ({len(picked)} ticked)."
+        )
+        return redirect("run_list", project_slug=project_slug)
+    before, after = sorted(runs, key=lambda r: (r.created, r.pk))
+    url = reverse("run_compare", args=[project_slug, after.pk])
+    return redirect(f"{url}?against={before.pk}")
