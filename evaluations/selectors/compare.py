@@ -10,7 +10,7 @@ from typing import Any
 
 from rapidfuzz.distance import Indel
 
-from checks.compare import DEFAULT_ALPHA, Comparison, compare_summaries
+from checks.compare import DEFAULT_ALPHA, Comparison, StoredSummary, compare_summaries
 from checks.report_model import RunSummary
 from checks.scoring import score_run
 from checks.spec.model import Spec as EngineSpec
@@ -58,9 +58,12 @@ def comparison_reference(after: Run, against: str) -> Run:
 
 
 def run_comparison(before: Run, after: Run, *, alpha: float = DEFAULT_ALPHA) -> Comparison:
-    """Every cell, group and gate of `after` against `before`, from their stored results."""
+    """Every cell, group and gate of `after` against `before`: from the summaries
+    run_finalize stored (rescored after every review), else scored from the stored results."""
 
-    def summary(run: Run) -> RunSummary:
+    def summary(run: Run) -> RunSummary | StoredSummary:
+        if run.summary.get("matrix") is not None and run.summary.get("groups") is not None:
+            return StoredSummary.from_dict(run.summary)
         return score_run(EngineSpec.from_dict(run.spec_version.parsed), run_records(run))
 
     return compare_summaries(summary(before), summary(after), alpha=alpha)

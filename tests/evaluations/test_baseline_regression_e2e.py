@@ -12,9 +12,13 @@ import pytest
 from django.test import Client, override_settings
 from django.urls import reverse
 
+from checks.compare import compare_summaries
+from checks.scoring import score_run
 from evaluations.cli import main
 from evaluations.models import Baseline, CheckResult, Membership, Role, Run
-from evaluations.selectors.compare import word_diff
+from evaluations.selectors.compare import run_comparison, word_diff
+from evaluations.selectors.records import run_records
+from evaluations.services import engine_spec
 
 SPEC = """\
 version: 1
@@ -77,6 +81,13 @@ def test_promote_on_main_change_the_agent_and_see_the_regression(
     assert text.startswith(f"# Keystone compare: run {worse.pk} against run {good.pk}")
     assert "REGRESSED" in text and "GATE_FLIPPED" in text and "drift_score_max" in text
     assert json.loads(verdicts.read_text())["before"] == good.pk
+
+    # The page and the CLI read the summaries run_finalize stored; scoring the stored results
+    # again gives the same verdicts.
+    rescored = compare_summaries(
+        *(score_run(engine_spec(r), run_records(r)) for r in (good, worse))
+    )
+    assert run_comparison(good, worse).to_dict() == rescored.to_dict()
 
     viewer = django_user_model.objects.create_user(username="vic", password="pw-123456")
     Membership.objects.create(project=worse.project, user=viewer, role=Role.VIEWER)
