@@ -88,6 +88,7 @@ from evaluations.selectors.trends import (
     invariant_pass_rates,
     project_trend_points,
     spec_branches,
+    spec_trend_marks,
     spec_trend_runs,
 )
 
@@ -161,6 +162,7 @@ __all__ = [
     "spec_branches",
     "spec_latest_version",
     "spec_rows",
+    "spec_trend_marks",
     "spec_trend_runs",
     "spec_version_texts",
     "spec_versions",
