@@ -439,6 +439,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from evaluations.selectors.compare import (
         ComparisonRefused,
         comparison_reference,
+        execution_pairs,
         run_comparison,
     )
 
@@ -461,9 +462,33 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.markdown:
         Path(args.markdown).write_text(
             f"# Keystone compare: run {after.pk} against run {before.pk}\n\n```\n{text}```\n"
+            + _changed_executions_markdown(execution_pairs(before, after, limit=20))
         )
         print(f"wrote {args.markdown}")
     return 1 if comparison.regressed else 0
+
+
+def _changed_executions_markdown(pairs: list[Any]) -> str:
+    """The first executions that changed, each with its output diffed word by word
+    ([-removed-]{+added+}, as git diff --word-diff shows it) and its tool calls."""
+    if not pairs:
+        return ""
+    lines = ["", "## Executions that changed", ""]
+    for pair in pairs:
+        verdict = "passed" if pair.after["passed"] else "failed"
+        if pair.before is not None:
+            verdict = f"{'passed' if pair.before['passed'] else 'failed'} -> {verdict}"
+        lines.append(
+            f"### {pair.scenario} / prompt {pair.prompt_index} / replica {pair.replica}: {verdict}"
+        )
+        marks = {"delete": "[-{}-]", "insert": "{{+{}+}}"}
+        diff = "".join(marks.get(op, "{}").format(text) for op, text in pair.diff)
+        lines += ["", "```", diff.rstrip("\n"), "```", ""]
+        if pair.tools_changed:
+            lines.append(f"Tool calls: {', '.join(pair.tools_before) or 'none'}")
+            lines.append(f"now: {', '.join(pair.tools_after) or 'none'}")
+            lines.append("")
+    return "\n".join(lines)
 
 
 def _baseline_line(baseline: Any) -> str:

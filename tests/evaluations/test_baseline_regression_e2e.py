@@ -80,6 +80,10 @@ def test_promote_on_main_change_the_agent_and_see_the_regression(
     text = markdown.read_text()
     assert text.startswith(f"# Keystone compare: run {worse.pk} against run {good.pk}")
     assert "REGRESSED" in text and "GATE_FLIPPED" in text and "drift_score_max" in text
+    assert "## Executions that changed" in text
+    assert "### no-chaos / prompt 0 / replica 0: passed -> failed" in text
+    assert "Your order was [-refunded-]{+declined+}" in text
+    assert text.count("### ") == 8
     assert json.loads(verdicts.read_text())["before"] == good.pk
 
     # The page and the CLI read the summaries run_finalize stored; scoring the stored results
