@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     promote.add_argument("--reason", default="", help="why, kept in the history")
     promote.add_argument("--name", default="", help="the baseline's name (default: run #RUN)")
+    promote.add_argument(
+        "--by", default="", metavar="USERNAME", help="who promotes, kept in the history"
+    )
     promote.set_defaults(handler=_django_command("cmd_baseline_promote"))
     rollback = baseline_commands.add_parser(
         "rollback", help="undo the last promotion of a spec's branch"
@@ -160,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     rollback.add_argument("--project", required=True, metavar="SLUG")
     rollback.add_argument("spec", metavar="SPEC")
     rollback.add_argument("--branch", default="main", help="the branch (default: main)")
+    rollback.add_argument(
+        "--by", default="", metavar="USERNAME", help="who rolls back, kept in the history"
+    )
     rollback.set_defaults(handler=_django_command("cmd_baseline_rollback"))
     listing = baseline_commands.add_parser("list", help="a spec's baselines, newest first")
     listing.add_argument("--project", required=True, metavar="SLUG")

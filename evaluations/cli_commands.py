@@ -509,7 +509,11 @@ def cmd_baseline_promote(args: argparse.Namespace) -> int:
 
     try:
         baseline = services.baseline_promote(
-            run_id=args.run, user=None, name=args.name, branch=args.branch, reason=args.reason
+            run_id=args.run,
+            user=_cli_user(args.by),
+            name=args.name,
+            branch=args.branch,
+            reason=args.reason,
         )
     except services.BaselineError as exc:
         print(f"keystone baseline promote: {exc}", file=sys.stderr)
@@ -520,6 +524,21 @@ def cmd_baseline_promote(args: argparse.Namespace) -> int:
         f"on {baseline.branch}{previous}"
     )
     return 0
+
+
+def _cli_user(username: str) -> Any:
+    """The person `--by` names (their role in the project is checked like on the page), or
+    None: the server's own command line acts without one."""
+    if not username:
+        return None
+    from django.contrib.auth import get_user_model
+
+    from evaluations import services
+
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise services.BaselineError(f"--by: no active user {username!r}")
+    return user
 
 
 def _spec_of(args: argparse.Namespace, command: str) -> Any:
@@ -543,7 +562,9 @@ def cmd_baseline_rollback(args: argparse.Namespace) -> int:
     if spec is None:
         return EXIT_SPEC_INVALID
     try:
-        restored = services.baseline_rollback(spec_id=spec.pk, branch=args.branch, user=None)
+        restored = services.baseline_rollback(
+            spec_id=spec.pk, branch=args.branch, user=_cli_user(args.by)
+        )
     except services.BaselineError as exc:
         print(f"keystone baseline rollback: {exc}", file=sys.stderr)
         return EXIT_SPEC_INVALID

@@ -86,14 +86,17 @@ def test_promotions_are_scoped_by_branch_recorded_and_rolled_back(
     assert selectors.active_baseline_for(spec_id, "").pk == on_main.pk
 
     # The CLI promotes into the run's branch label; main keeps its own baseline.
-    assert main(["baseline", "promote", str(feature.pk), "--reason", "feature work"]) == 0
+    promote = ["baseline", "promote", str(feature.pk), "--reason", "feature work"]
+    assert main([*promote, "--by", "ghost"]) == 2
+    assert "--by: no active user 'ghost'" in capsys.readouterr().err
+    assert main([*promote, "--by", "editor"]) == 0
     assert f"run {feature.pk} is the baseline run #{feature.pk} of refunds on feature-x" in (
         capsys.readouterr().out
     )
     on_feature = Baseline.objects.get(spec_id=spec_id, branch="feature-x")
     assert selectors.active_baseline_for(spec_id, "feature-x").pk == on_feature.pk
     assert selectors.active_baseline_for(spec_id, "main").pk == on_main.pk
-    assert on_feature.reason == "feature work"
+    assert on_feature.reason == "feature work" and on_feature.created_by == people["editor"]
 
     replacing = services.baseline_promote(
         run_id=second.pk, user=people["editor"], name="release-2", reason="better prompts"
