@@ -449,12 +449,32 @@ def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpRes
     context.update(
         before=before,
         comparison=comparison,
+        matrix=_compare_matrix(comparison.cells),
         changed=comparison.changed(),
         figures=figures,
         pairs=execution_pairs(before, after),
         pairs_max=EXECUTION_PAIRS_MAX,
     )
     return render(request, "runs/run_compare.html", context)
+
+
+def _compare_matrix(cells: list[Any]) -> dict[str, Any]:
+    """The invariant x scenario cells of a comparison as a grid (rows of invariants, one
+    column per scenario), so the changed cells stand out among those that did not."""
+    by_position: dict[tuple[str, str], Any] = {}
+    invariants: list[str] = []
+    scenarios: list[str] = []
+    for cell in cells:
+        if cell.kind != "invariant":
+            continue
+        invariant_id, _, scenario = cell.key.partition(" @ ")
+        if invariant_id not in invariants:
+            invariants.append(invariant_id)
+        if scenario not in scenarios:
+            scenarios.append(scenario)
+        by_position[(invariant_id, scenario)] = cell
+    rows = [(i, [by_position.get((i, s)) for s in scenarios]) for i in invariants]
+    return {"scenarios": scenarios, "rows": rows}
 
 
 @login_required
