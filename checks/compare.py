@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from checks.report_model import RunSummary
+from checks.report_model import GateResult, MatrixCell, ReplicaAggregate, RunSummary
 
 DEFAULT_ALPHA = 0.05
 MAX_REPLICAS_SEARCHED = 1000
@@ -126,8 +126,32 @@ def compare_counts(
     return change
 
 
+@dataclass(slots=True)
+class StoredSummary:
+    """The parts of a RunSummary a comparison reads, rebuilt from its `to_dict` (the summary
+    run_finalize stores): comparing two stored runs then needs no rescoring."""
+
+    matrix: list[MatrixCell]
+    groups: list[ReplicaAggregate]
+    gates: list[GateResult]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StoredSummary:
+        def build(kind: Any, row: dict[str, Any]) -> Any:
+            return kind(**{k: v for k, v in row.items() if k in kind.__dataclass_fields__})
+
+        return cls(
+            matrix=[build(MatrixCell, row) for row in data.get("matrix") or []],
+            groups=[build(ReplicaAggregate, row) for row in data.get("groups") or []],
+            gates=[build(GateResult, row) for row in data.get("gates") or []],
+        )
+
+
 def compare_summaries(
-    before: RunSummary, after: RunSummary, *, alpha: float = DEFAULT_ALPHA
+    before: RunSummary | StoredSummary,
+    after: RunSummary | StoredSummary,
+    *,
+    alpha: float = DEFAULT_ALPHA,
 ) -> Comparison:
     """Every matrix cell, replica group and gate of `after` against `before`."""
     cells: list[CellChange] = []

@@ -109,6 +109,11 @@ class CheckContext:
     run_command: CommandRunner | None = None
     judge: Judge | None = None
     baseline_output: str | None = None  # drift / behavior_unchanged: the reference output
+    # The reference's tool calls in order ({name, arguments}), for drift by tool-sequence.
+    baseline_tool_calls: list[dict[str, Any]] | None = None
+    # Set when the reference is a promoted baseline's cell (`baseline: active` or a name),
+    # not the no-chaos output of the same run.
+    baseline_name: str | None = None
     audit_log_path: str | None = None
     trace_path: str | None = None
     sandbox_id: str = ""

@@ -53,6 +53,16 @@ class Series:
 
 
 @dataclass(frozen=True, slots=True)
+class Mark:
+    """A moment on a time axis drawn as a dotted vertical line with a short label: a new
+    spec version, a baseline promoted."""
+
+    x: Any
+    text: str
+    color: str = "#6b7280"
+
+
+@dataclass(frozen=True, slots=True)
 class Chart:
     """What a template needs: the element id, a title for people and screen readers, and
     the figure (None when there is nothing to draw)."""
@@ -100,8 +110,10 @@ def line_chart(
     y_range: tuple[float, float] | None = None,
     y_format: str = "",
     height: int = 280,
+    marks: Sequence[Mark] = (),
 ) -> dict[str, Any] | None:
-    """Lines with markers, one per series; None when no series has a point."""
+    """Lines with markers, one per series, and `marks` as dotted vertical lines; None when
+    no series has a point."""
     traces = []
     for index, line in enumerate(series):
         if not any(y is not None for y in line.y):
@@ -130,9 +142,38 @@ def line_chart(
         yaxis["range"] = list(y_range)
     if y_format:
         yaxis["tickformat"] = y_format
+    shapes = [
+        {
+            "type": "line",
+            "xref": "x",
+            "yref": "paper",
+            "x0": chart_x(mark.x),
+            "x1": chart_x(mark.x),
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": mark.color, "width": 1, "dash": "dot"},
+        }
+        for mark in marks
+    ]
+    annotations = [
+        {
+            "x": chart_x(mark.x),
+            "y": 1,
+            "xref": "x",
+            "yref": "paper",
+            "text": mark.text,
+            "showarrow": False,
+            "xanchor": "left",
+            "yanchor": "top",
+            "font": {"size": 10, "color": mark.color},
+        }
+        for mark in marks
+    ]
     return {
         "data": traces,
         "layout": {
+            "shapes": shapes,
+            "annotations": annotations,
             "height": height,
             "margin": {"l": 56, "r": 16, "t": 16, "b": 40},
             "xaxis": {"type": "date", "gridcolor": "#e6e9ef"},
@@ -163,9 +204,11 @@ def metric_trend(
     *,
     link_for: Any = None,
     height: int = 280,
+    marks: Sequence[Mark] = (),
 ) -> dict[str, Any] | None:
     """One line per key of `lines` (a spec, a branch...), each a list of run rows (dicts
-    with `id`, `created` and the metric), oldest first. `link_for(row)` gives a point's URL."""
+    with `id`, `created` and the metric), oldest first. `link_for(row)` gives a point's URL;
+    `marks` are drawn as dotted vertical lines (spec versions, baseline promotions)."""
     axis = METRIC_AXES[metric]
     series = [
         Series(
@@ -184,4 +227,5 @@ def metric_trend(
         y_range=axis["y_range"],
         y_format=axis["y_format"],
         height=height,
+        marks=marks,
     )

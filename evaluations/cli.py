@@ -142,6 +142,35 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", metavar="FILE", help="write the verdicts as JSON")
     compare.add_argument("--markdown", metavar="FILE", help="write a Markdown summary")
     compare.set_defaults(handler=_django_command("cmd_compare"))
+    baseline = commands.add_parser("baseline", help="promote, list and roll back baselines")
+    baseline_commands = baseline.add_subparsers(dest="baseline_command", metavar="ACTION")
+    promote = baseline_commands.add_parser(
+        "promote", help="make a completed run its spec's baseline for a branch"
+    )
+    promote.add_argument("run", type=int, metavar="RUN")
+    promote.add_argument(
+        "--branch", default=None, help="the branch it is for (default: the run's, else main)"
+    )
+    promote.add_argument("--reason", default="", help="why, kept in the history")
+    promote.add_argument("--name", default="", help="the baseline's name (default: run #RUN)")
+    promote.add_argument(
+        "--by", default="", metavar="USERNAME", help="who promotes, kept in the history"
+    )
+    promote.set_defaults(handler=_django_command("cmd_baseline_promote"))
+    rollback = baseline_commands.add_parser(
+        "rollback", help="undo the last promotion of a spec's branch"
+    )
+    rollback.add_argument("--project", required=True, metavar="SLUG")
+    rollback.add_argument("spec", metavar="SPEC")
+    rollback.add_argument("--branch", default="main", help="the branch (default: main)")
+    rollback.add_argument(
+        "--by", default="", metavar="USERNAME", help="who rolls back, kept in the history"
+    )
+    rollback.set_defaults(handler=_django_command("cmd_baseline_rollback"))
+    listing = baseline_commands.add_parser("list", help="a spec's baselines, newest first")
+    listing.add_argument("--project", required=True, metavar="SLUG")
+    listing.add_argument("spec", metavar="SPEC")
+    listing.set_defaults(handler=_django_command("cmd_baseline_list"))
     replay = commands.add_parser("replay", help="replay files (regression pillar)")
     replay_commands = replay.add_subparsers(dest="replay_command", metavar="ACTION")
     export = replay_commands.add_parser(

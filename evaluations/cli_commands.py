@@ -458,6 +458,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from evaluations.selectors.compare import (
         ComparisonRefused,
         comparison_reference,
+        execution_pairs,
         run_comparison,
     )
 
@@ -480,6 +481,127 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.markdown:
         Path(args.markdown).write_text(
             f"# Keystone compare: run {after.pk} against run {before.pk}\n\n```\n{text}```\n"
+            + _changed_executions_markdown(execution_pairs(before, after, limit=20))
         )
         print(f"wrote {args.markdown}")
     return 1 if comparison.regressed else 0
+
+
+def _changed_executions_markdown(pairs: list[Any]) -> str:
+    """The first executions that changed, each with its output diffed word by word
+    ([-removed-]{+added+}, as git diff --word-diff shows it) and its tool calls."""
+    if not pairs:
+        return ""
+    lines = ["", "## Executions that changed", ""]
+    for pair in pairs:
+        verdict = "passed" if pair.after["passed"] else "failed"
+        if pair.before is not None:
+            verdict = f"{'passed' if pair.before['passed'] else 'failed'} -> {verdict}"
+        lines.append(
+            f"### {pair.scenario} / prompt {pair.prompt_index} / replica {pair.replica}: {verdict}"
+        )
+        marks = {"delete": "[-{}-]", "insert": "{{+{}+}}"}
+        diff = "".join(marks.get(op, "{}").format(text) for op, text in pair.diff)
+        lines += ["", "```", diff.rstrip("\n"), "```", ""]
+        if pair.tools_changed:
+            lines.append(f"Tool calls: {', '.join(pair.tools_before) or 'none'}")
+            lines.append(f"now: {', '.join(pair.tools_after) or 'none'}")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _baseline_line(baseline: Any) -> str:
+    state = "active" if baseline.active else ("rolled back" if baseline.rolled_back else "replaced")
+    run = f"run {baseline.run_id}" if baseline.run_id else "run deleted"
+    line = (
+        f"{baseline.created:%Y-%m-%d %H:%M}  {baseline.branch:<12} {baseline.name} ({run}, {state})"
+    )
+    if baseline.reason:
+        line += f"  reason: {baseline.reason}"
+    return line
+
+
+def cmd_baseline_promote(args: argparse.Namespace) -> int:
+    """Freeze a completed run as its spec's baseline for a branch (recorded in the history)."""
+    setup_django()
+    from evaluations import services
+
+    try:
+        baseline = services.baseline_promote(
+            run_id=args.run,
+            user=_cli_user(args.by),
+            name=args.name,
+            branch=args.branch,
+            reason=args.reason,
+        )
+    except services.BaselineError as exc:
+        print(f"keystone baseline promote: {exc}", file=sys.stderr)
+        return EXIT_SPEC_INVALID
+    previous = f", replacing {baseline.previous.name}" if baseline.previous else ""
+    print(
+        f"run {args.run} is the baseline {baseline.name} of {baseline.spec.slug} "
+        f"on {baseline.branch}{previous}"
+    )
+    return 0
+
+
+def _cli_user(username: str) -> Any:
+    """The person `--by` names (their role in the project is checked like on the page), or
+    None: the server's own command line acts without one."""
+    if not username:
+        return None
+    from django.contrib.auth import get_user_model
+
+    from evaluations import services
+
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise services.BaselineError(f"--by: no active user {username!r}")
+    return user
+
+
+def _spec_of(args: argparse.Namespace, command: str) -> Any:
+    from evaluations.models import Spec
+
+    spec = Spec.objects.filter(project__slug=args.project, slug=args.spec).first()
+    if spec is None:
+        print(
+            f"keystone baseline {command}: no spec {args.spec} in project {args.project}",
+            file=sys.stderr,
+        )
+    return spec
+
+
+def cmd_baseline_rollback(args: argparse.Namespace) -> int:
+    """Undo the last promotion of a spec's branch: the baseline it replaced is active again."""
+    setup_django()
+    from evaluations import services
+
+    spec = _spec_of(args, "rollback")
+    if spec is None:
+        return EXIT_SPEC_INVALID
+    try:
+        restored = services.baseline_rollback(
+            spec_id=spec.pk, branch=args.branch, user=_cli_user(args.by)
+        )
+    except services.BaselineError as exc:
+        print(f"keystone baseline rollback: {exc}", file=sys.stderr)
+        return EXIT_SPEC_INVALID
+    print(f"rolled back: {restored.name} is the baseline of {spec.slug} on {restored.branch}")
+    return 0
+
+
+def cmd_baseline_list(args: argparse.Namespace) -> int:
+    """A spec's promotions, newest first."""
+    setup_django()
+    from evaluations import selectors
+
+    spec = _spec_of(args, "list")
+    if spec is None:
+        return EXIT_SPEC_INVALID
+    history = selectors.spec_baseline_history(spec.pk)
+    if not history:
+        print(f"{spec.slug} has no baseline yet")
+    for baseline in history:
+        print(_baseline_line(baseline))
+    return 0

@@ -387,6 +387,9 @@ class Execution(models.Model):
     tool_error_count = models.PositiveIntegerField(default=0)
     # Capped at KEYSTONE_FINAL_OUTPUT_MAX_CHARS; the full output is an Artifact.
     final_output = models.TextField(blank=True, default="")
+    # The tool calls in order, [{"name", "arguments"}] (capped): drift by `tool-sequence`,
+    # baseline cells and the compare page read them here, not from the trace artifact.
+    tool_sequence = models.JSONField(default=list, blank=True)
     error = models.TextField(blank=True, default="")
     # The planned execution (checks.planning.PlannedExecution): which invariants it scores,
     # a replay session; so any worker can run it from the row alone.
@@ -588,16 +591,27 @@ class CheckResult(models.Model):
         )
 
 
+DEFAULT_BASELINE_BRANCH = "main"
+
+
 class Baseline(models.Model):
-    """A run's results frozen as the reference for drift and regressions of its spec."""
+    """A run's results frozen as the reference for drift and regressions of its spec, in one
+    branch scope. Every promotion is a row (who, when, why, which it replaced); at most one
+    is active per (spec, branch). A branch with no baseline of its own uses main's."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="baselines")
     spec = models.ForeignKey(Spec, on_delete=models.CASCADE, related_name="baselines")
     run = models.ForeignKey(
         Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="baselines"
     )
+    branch = models.CharField(max_length=255, default=DEFAULT_BASELINE_BRANCH)
     name = models.CharField(max_length=200)
+    reason = models.TextField(blank=True, default="")
     active = models.BooleanField(default=False)
+    # The baseline that was active in this scope when this one was promoted (rollback target).
+    previous = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
     # Per (scenario x prompt) group: pass rate, first passing output, failure codes,
     # latency and cost; kept here so a baseline outlives the run it came from.
     data = models.JSONField(default=dict, blank=True)
@@ -609,17 +623,57 @@ class Baseline(models.Model):
         blank=True,
         related_name="+",
     )
+    rolled_back = models.DateTimeField(null=True, blank=True)
+    rolled_back_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
 
     class Meta:
-        ordering = ["-created"]
+        ordering = ["-created", "-id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["spec"], condition=Q(active=True), name="baseline_one_active_per_spec"
+                fields=["spec", "branch"],
+                condition=Q(active=True),
+                name="baseline_one_active_per_spec_branch",
             )
         ]
 
     def __str__(self) -> str:
         return f"{self.name}{' (active)' if self.active else ''}"
+
+
+class BaselineCell(models.Model):
+    """One execution of a baseline's run (scenario, prompt, replica), frozen at promotion:
+    what drift and the compare page need once the run's artifacts are cleaned up."""
+
+    baseline = models.ForeignKey(Baseline, on_delete=models.CASCADE, related_name="cells")
+    key = models.CharField(max_length=EXECUTION_KEY_MAX)  # Execution.key: the match
+    scenario = models.CharField(max_length=200)
+    prompt_index = models.PositiveIntegerField(default=0)
+    replica = models.PositiveIntegerField(default=0)
+    pillar = models.CharField(max_length=16, default=Pillar.CONTRACT)
+    status = models.CharField(max_length=16, blank=True, default="")
+    final_output = models.TextField(blank=True, default="")
+    tool_sequence = models.JSONField(default=list, blank=True)
+    # [{invariant_id, passed, score, failure_code}] of the strongest source per invariant.
+    results = models.JSONField(default=list, blank=True)
+    composite = models.FloatField(null=True, blank=True)
+    passed = models.BooleanField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    cost_usd = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ["baseline", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["baseline", "key"], name="baseline_cell_unique_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"baseline {self.baseline_id} cell {self.key}"
 
 
 class JudgeCacheEntry(models.Model):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from evaluations.views import executions, projects, reports, review, runs, specs
+from evaluations.views import baselines, executions, projects, reports, review, runs, specs
 
 urlpatterns = [
     path("", projects.home, name="home"),
@@ -34,8 +34,19 @@ urlpatterns = [
         specs.spec_trends,
         name="spec_trends",
     ),
+    path(
+        "p/<slug:project_slug>/specs/<slug:spec_slug>/baselines/",
+        baselines.spec_baselines,
+        name="spec_baselines",
+    ),
+    path(
+        "p/<slug:project_slug>/specs/<slug:spec_slug>/baselines/rollback/",
+        baselines.spec_baseline_rollback,
+        name="spec_baseline_rollback",
+    ),
     # Runs
     path("p/<slug:project_slug>/runs/", runs.run_list, name="run_list"),
+    path("p/<slug:project_slug>/runs/compare/", runs.run_compare_pick, name="run_compare_pick"),
     path("p/<slug:project_slug>/runs/<int:run_id>/", runs.run_detail, name="run_detail"),
     path("p/<slug:project_slug>/runs/<int:run_id>/cell/", runs.run_cell, name="run_cell"),
     path("p/<slug:project_slug>/runs/<int:run_id>/compare/", runs.run_compare, name="run_compare"),

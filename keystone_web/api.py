@@ -10,6 +10,7 @@ from ninja import NinjaAPI
 from checks.spec import SpecValidationError
 from evaluations.api import ApiInputError
 from evaluations.api import router as evaluations_router
+from evaluations.api_baselines import router as baselines_router
 
 api = NinjaAPI(
     title="Keystone API",
@@ -18,6 +19,7 @@ api = NinjaAPI(
     urls_namespace="api",
 )
 api.add_router("/", evaluations_router)
+api.add_router("/", baselines_router)
 
 
 @api.exception_handler(PermissionDenied)

@@ -1,7 +1,7 @@
 """`drift`: how far the output moved from the baseline output (KindLM). Score = 1 - drift.
 
 Methods: lexical (1 - lexical similarity), field-diff (JSON fields; mean per-field distance,
-strings by normalised edit distance), embedding (1 - cosine, needs `judge.embed`), judge
+strings by normalised edit distance), tool-sequence (tool names, then arguments), embedding (1 - cosine, needs `judge.embed`), judge
 (needs `judge.drift(baseline=..., current=..., config=...) -> {drift_score, reasoning}`).
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from rapidfuzz.distance import Indel, Levenshtein
 
 from checks.artifact import RunArtifact
 from checks.check import Check
@@ -26,29 +28,50 @@ from checks.families._common import (
 )
 from checks.results import FailureCode, Outcome
 
-MAX_EDIT_CHARS = 5000  # edit distance is O(n*m); beyond this, compare the prefixes
-
-
-def edit_distance(left: str, right: str) -> int:
-    """Levenshtein distance (insertions, deletions, substitutions), two-row dynamic programme."""
-    if len(left) < len(right):
-        left, right = right, left
-    previous = list(range(len(right) + 1))
-    for i, a in enumerate(left, start=1):
-        current = [i]
-        for j, b in enumerate(right, start=1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a != b)))
-        previous = current
-    return previous[-1]
-
 
 def string_distance(left: str, right: str) -> float:
-    """Edit distance normalised by the longer length: 0.0 identical, 1.0 nothing in common."""
-    if left == right:
-        return 0.0
-    left, right = left[:MAX_EDIT_CHARS], right[:MAX_EDIT_CHARS]
-    longest = max(len(left), len(right))
-    return edit_distance(left, right) / longest if longest else 0.0
+    """Levenshtein distance normalised by the longer length: 0.0 identical, 1.0 nothing in
+    common (rapidfuzz, linear memory and bit-parallel, so no length cap is needed)."""
+    return float(Levenshtein.normalized_distance(left, right))
+
+
+def _arguments_text(arguments: Any) -> str:
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def tool_sequence_distance(
+    baseline: list[dict[str, Any]], current: list[dict[str, Any]]
+) -> tuple[float, float, float]:
+    """(drift, name distance, argument distance) of two tool-call sequences, names first:
+
+    - name distance: the Indel distance (insertions and deletions, as longest common
+      subsequence) of the two lists of tool names, normalised to [0, 1]: a reordered pair
+      costs half as much as two different tools;
+    - argument distance: over the calls the two sequences share in order (same name), the
+      mean normalised edit distance of their canonical JSON arguments;
+    - drift = names + (1 - names) x arguments / 2: changed arguments never weigh more than
+      half, a changed set of tools weighs everything."""
+    names_before = [str(c.get("name", "")) for c in baseline]
+    names_after = [str(c.get("name", "")) for c in current]
+    names = float(Indel.normalized_distance(names_before, names_after))
+    pairs = [
+        (baseline[block.src_start + i], current[block.dest_start + i])
+        for block in Indel.opcodes(names_before, names_after)
+        if block.tag == "equal"
+        for i in range(block.src_end - block.src_start)
+    ]
+    arguments = (
+        sum(
+            string_distance(
+                _arguments_text(a.get("arguments")), _arguments_text(b.get("arguments"))
+            )
+            for a, b in pairs
+        )
+        / len(pairs)
+        if pairs
+        else 0.0
+    )
+    return names + (1.0 - names) * arguments / 2, names, arguments
 
 
 _MISSING = object()
@@ -114,16 +137,29 @@ class DriftCheck(Check):
         max_score = get_number(self.config, "max_score", 0.15)
         method = get_str(self.config, "method", "lexical")
         fields = get_str_list(self.config, "fields")
+        reference = get_str(self.config, "baseline", "")
         baseline = context.baseline_output
-        if baseline is None:
+        if baseline is None or (reference and context.baseline_name is None):
             # KindLM: no baseline yet is not a failure, but it is flagged so nobody mistakes it.
             return Outcome.ok(
                 "no baseline output to compare with", flag="no_baseline", method=method
             )
         output = artifact.final_output or ""
         details: dict[str, Any] = {"method": method, "max_score": max_score}
+        if context.baseline_name is not None:
+            details["baseline"] = context.baseline_name
 
-        if method == "lexical":
+        if method == "tool-sequence":
+            before = context.baseline_tool_calls or []
+            after = [{"name": c.name, "arguments": c.arguments} for c in artifact.all_tool_calls()]
+            drift, names, arguments = tool_sequence_distance(before, after)
+            details.update(
+                names_distance=round(names, 6),
+                arguments_distance=round(arguments, 6),
+                baseline_tools=[c.get("name") for c in before],
+                tools=[c["name"] for c in after],
+            )
+        elif method == "lexical":
             drift = 1.0 - lexical_similarity(output, baseline)
         elif method == "field-diff":
             drift, per_field = field_diff(baseline, output, fields)
@@ -141,7 +177,8 @@ class DriftCheck(Check):
             details["reasoning"] = reasoning
         else:
             raise ConfigError(
-                f"unknown drift method {method!r} (judge, embedding, lexical, field-diff)"
+                f"unknown drift method {method!r} "
+                "(judge, embedding, lexical, field-diff, tool-sequence)"
             )
 
         drift = round(min(1.0, max(0.0, drift)), 6)

@@ -79,14 +79,24 @@ class BehaviorUnchangedCheck(Check):
         if baseline == "auto":
             if context.baseline_output is None:
                 raise ConfigError("no no-chaos baseline output for this prompt")
-            reference, against = context.baseline_output, "the no-chaos output"
+            reference, against, kind = context.baseline_output, "the no-chaos output", "auto"
+        elif baseline == "active" or context.baseline_name is not None:
+            # `active` or a baseline's name, resolved by the server to the matching cell.
+            if context.baseline_output is None or context.baseline_name is None:
+                return Outcome.ok(
+                    "no baseline to compare with", flag="no_baseline", baseline=baseline
+                )
+            reference, against = context.baseline_output, f"the baseline {context.baseline_name}"
+            kind = "stored"
         else:
-            reference, against = baseline, "the baseline text"
+            reference, against, kind = baseline, "the baseline text", "text"
         output = artifact.final_output or ""
         outcome = _verdict(
             lexical_similarity(output, reference), threshold, against, reference, output
         )
-        outcome.details["baseline"] = "auto" if baseline == "auto" else "text"
+        outcome.details["baseline"] = kind
+        if kind == "stored":
+            outcome.details["baseline_name"] = context.baseline_name
         return outcome
 
 

@@ -8,6 +8,7 @@ from evaluations.selectors.alerts import (
     project_alert_firings,
     project_alert_rules,
 )
+from evaluations.selectors.baselines import active_baseline_for, spec_baseline_history
 from evaluations.selectors.bounds import SPEC_RUNS, TREND_RUNS
 from evaluations.selectors.digest import digest_markdown
 from evaluations.selectors.executions import (
@@ -87,6 +88,7 @@ from evaluations.selectors.trends import (
     invariant_pass_rates,
     project_trend_points,
     spec_branches,
+    spec_trend_marks,
     spec_trend_runs,
 )
 
@@ -155,9 +157,12 @@ __all__ = [
     "run_report",
     "run_result_rows",
     "spec_active_baseline",
+    "active_baseline_for",
+    "spec_baseline_history",
     "spec_branches",
     "spec_latest_version",
     "spec_rows",
+    "spec_trend_marks",
     "spec_trend_runs",
     "spec_version_texts",
     "spec_versions",

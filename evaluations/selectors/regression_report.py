@@ -21,7 +21,7 @@ from typing import Any
 from django.urls import reverse
 from django.utils import timezone
 
-from evaluations.models import Baseline, Project, Run
+from evaluations.models import DEFAULT_BASELINE_BRANCH, Baseline, Project, Run
 from evaluations.selectors.regressions import Regression, project_group_changes
 
 
@@ -192,13 +192,20 @@ def regression_report(
 
 
 def _empty_reason(project: Project, *, since: datetime | None, spec: str, branch: str) -> str:
-    baselines = Baseline.objects.filter(project=project, active=True)
+    baselines = Baseline.objects.filter(
+        project=project, active=True, branch=DEFAULT_BASELINE_BRANCH
+    )
     if spec:
         baselines = baselines.filter(spec__slug=spec)
     if not baselines.exists():
         where = f"spec {spec}" if spec else "any spec of this project"
         return f"No active baseline for {where}: promote a run to a baseline to compare against."
-    runs = Run.objects.filter(project=project, status="completed", spec__baselines__active=True)
+    runs = Run.objects.filter(
+        project=project,
+        status="completed",
+        spec__baselines__active=True,
+        spec__baselines__branch=DEFAULT_BASELINE_BRANCH,
+    )
     if spec:
         runs = runs.filter(spec__slug=spec)
     if branch:

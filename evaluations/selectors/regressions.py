@@ -9,6 +9,7 @@ from django.db.models.fields.json import KeyTransform
 
 from checks.compare import p_drop
 from evaluations.models import (
+    DEFAULT_BASELINE_BRANCH,
     Baseline,
     Project,
     Run,
@@ -100,7 +101,7 @@ def project_group_changes(project: Project) -> tuple[list[Regression], list[Regr
     """(regressions, improvements): groups that passed in the active baseline and do not
     pass in the spec's latest completed run, and groups that failed there and pass now."""
     baselines = list(
-        Baseline.objects.filter(project=project, active=True)
+        Baseline.objects.filter(project=project, active=True, branch=DEFAULT_BASELINE_BRANCH)
         .annotate(latest_run_id=latest_run_subquery(RunStatus.COMPLETED))
         .values("name", "spec_id", "spec__slug", "run_id", "data", "latest_run_id")
     )
@@ -142,4 +143,6 @@ def project_group_changes(project: Project) -> tuple[list[Regression], list[Regr
 
 def project_has_baseline(project: Project) -> bool:
     """Whether any spec of the project has an active baseline to compare runs with."""
-    return Baseline.objects.filter(project=project, active=True).exists()
+    return Baseline.objects.filter(
+        project=project, active=True, branch=DEFAULT_BASELINE_BRANCH
+    ).exists()

@@ -163,14 +163,12 @@ def run_in_project(project: Project, run_id: int) -> Run | None:
     )
 
 
-def spec_active_baseline(spec_id: int) -> Baseline | None:
-    """The spec's active baseline without its frozen data, for the run page: one query."""
-    return (
-        Baseline.objects.filter(spec_id=spec_id, active=True)
-        .select_related("created_by")
-        .defer("data")
-        .first()
-    )
+def spec_active_baseline(spec_id: int, branch: str = "") -> Baseline | None:
+    """The baseline a run of `branch` is compared with (the branch's, else main's), without
+    its frozen data, for the run page: one query."""
+    from evaluations.selectors.baselines import active_baseline_for
+
+    return active_baseline_for(spec_id, branch)
 
 
 def run_execution_counts(run_id: int) -> dict[str, int]:

@@ -11,6 +11,7 @@ from django.db.models.fields.json import KeyTextTransform, KeyTransform
 from django.db.models.functions import Cast, RowNumber
 
 from evaluations.models import (
+    Baseline,
     Project,
     Run,
     RunStatus,
@@ -154,3 +155,24 @@ def spec_branches(spec: Spec, *, limit: int = BRANCHES_MAX) -> list[str]:
         .values_list("branch", flat=True)
         .distinct()[:limit]
     )
+
+
+def spec_trend_marks(spec: Spec, rows: list[dict[str, Any]]) -> list[tuple[Any, str, str]]:
+    """(when, label, kind) of what changed between the trend's runs (oldest first): the first
+    run of each new spec version, and each baseline promoted since the trend's first run
+    (one query). kind: version | baseline."""
+    marks: list[tuple[Any, str, str]] = []
+    for earlier, row in zip(rows, rows[1:], strict=False):
+        if row["spec_version__number"] != earlier["spec_version__number"]:
+            marks.append((row["created"], f"v{row['spec_version__number']}", "version"))
+    if rows:
+        promoted = (
+            Baseline.objects.filter(spec=spec, created__gte=rows[0]["created"])
+            .order_by("created", "id")
+            .values_list("created", "name", "branch")
+        )
+        marks.extend(
+            (created, f"baseline {name} ({branch})", "baseline")
+            for created, name, branch in promoted
+        )
+    return marks

@@ -26,7 +26,9 @@ from evaluations.services.alerts import (
 from evaluations.services.baselines import (
     BASELINE_OUTPUT_MAX_CHARS,
     BaselineError,
+    baseline_branch,
     baseline_promote,
+    baseline_rollback,
 )
 from evaluations.services.digest import digest_due_end, digests_send_due
 from evaluations.services.executions import (
@@ -108,7 +110,9 @@ __all__ = [
     "ReviewPolicy",
     "ReviewSubmission",
     "TokenError",
+    "baseline_branch",
     "baseline_promote",
+    "baseline_rollback",
     "demo_load",
     "demo_runs_seed",
     "engine_spec",

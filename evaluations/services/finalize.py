@@ -3,6 +3,8 @@ exit code, the review items for the judge's scores, then the alert rules (a task
 
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -13,6 +15,8 @@ from checks.scoring import score_execution, score_run
 from checks.spec.model import Spec as EngineSpec
 from evaluations import queue
 from evaluations.models import (
+    Baseline,
+    BaselineCell,
     CheckResult,
     Execution,
     ExecutionStatus,
@@ -20,6 +24,7 @@ from evaluations.models import (
     Run,
     RunStatus,
 )
+from evaluations.selectors.baselines import active_baseline_for
 from evaluations.selectors.records import execution_record as execution_record_of
 from evaluations.selectors.records import run_records
 from evaluations.selectors.reviews import review_kappa
@@ -50,7 +55,7 @@ def run_finalize(*, run_id: int) -> Run:
     run.overall = summary.overall
     run.gate_passed = summary.exit_code == 0
     run.exit_code = summary.exit_code
-    run.warnings = sorted(set(run.warnings) | set(summary.warnings))
+    run.warnings = sorted(set(run.warnings) | set(summary.warnings) | _no_baseline_warning(run))
     run.status = RunStatus.COMPLETED
     # A run rescored after a review keeps the time it really finished.
     run.finished = run.finished or timezone.now()
@@ -58,6 +63,20 @@ def run_finalize(*, run_id: int) -> Run:
     review_items_select(run_id=run.pk)
     queue.alerts_evaluate_later(run.pk)
     return run
+
+
+def _no_baseline_warning(run: Run) -> set[str]:
+    """Drift measured against nothing passes flagged `no_baseline`; the run page says so, so
+    nobody reads those passes as "unchanged"."""
+    unmeasured = CheckResult.objects.filter(
+        run=run, check_type__in=("drift", "behavior_unchanged"), details__flag="no_baseline"
+    ).count()
+    if not unmeasured:
+        return set()
+    return {
+        f"{unmeasured} drift result(s) had no baseline to compare with and passed flagged "
+        "no_baseline: promote a run of this spec to a baseline (for this branch or main)."
+    }
 
 
 def run_finalize_if_done(*, run_id: int) -> None:
@@ -72,22 +91,22 @@ def run_finalize_if_done(*, run_id: int) -> None:
         run_finalize(run_id=run_id)
 
 
-# behavior_unchanged with `baseline: auto`, and `drift`, compare an execution's output with
-# the no-chaos output of the same prompt. Workers finish executions in any order, so these
-# checks do not run with the execution: they run in run_finalize, when every execution of
-# the run has finished and the reference is known (the lowest no-chaos replica that
-# succeeded). One place, no waiting worker, and the same answer whatever the order was.
+# behavior_unchanged and `drift` compare an execution's output with a reference: the no-chaos
+# output of the same prompt in this run (`baseline: auto`, and drift without `baseline`), or
+# the matching cell (same execution key: scenario, prompt, replica) of a promoted baseline
+# (`baseline: active` for the run's branch, falling back to main's, or a baseline's name).
+# Workers finish executions in any order, so these checks do not run with the execution:
+# they run in run_finalize, when every execution of the run has finished and the reference
+# is known. One place, no waiting worker, and the same answer whatever the order was.
+# behavior_unchanged with a literal text is deferred too: whether `baseline` names a
+# promoted baseline is only known from the database.
 
 
 def deferred_invariants(spec: EngineSpec) -> set[str]:
     return {
         invariant.id
         for invariant in spec.invariants.values()
-        if invariant.check_type == "drift"
-        or (
-            invariant.check_type == "behavior_unchanged"
-            and str(invariant.check.get("baseline", "auto")) == "auto"
-        )
+        if invariant.check_type in ("drift", "behavior_unchanged")
     }
 
 
@@ -103,8 +122,59 @@ def _evaluate_deferred(run: Run, spec: EngineSpec) -> None:
         _evaluate_deferred_with(run, spec, deferred, judge)
 
 
+@dataclass(slots=True)
+class _StoredReference:
+    """A promoted baseline an invariant compares with, and its cells by execution key."""
+
+    name: str
+    cells: dict[str, tuple[str, list[dict[str, Any]]]]
+
+
+def _stored_references(
+    run: Run, spec: EngineSpec, deferred: set[str]
+) -> dict[str, _StoredReference | None]:
+    """Per invariant that names a baseline (`active` or a name): the baseline's cells, or
+    None when there is none (drift then passes flagged no_baseline). A behavior_unchanged
+    `baseline` that names no baseline is its reference text and is left out."""
+    wanted: dict[str, str] = {}
+    for invariant_id in deferred:
+        invariant = spec.invariants[invariant_id]
+        reference = str(invariant.check.get("baseline") or "")
+        if invariant.check_type == "behavior_unchanged" and reference == "auto":
+            continue
+        if reference:
+            wanted[invariant_id] = reference
+    found: dict[str, Baseline | None] = {}
+    for reference in set(wanted.values()):
+        if reference == "active":
+            found[reference] = active_baseline_for(run.spec_id, run.branch)
+        else:
+            found[reference] = (
+                Baseline.objects.filter(spec_id=run.spec_id, name=reference)
+                .order_by("-active", "-created", "-id")
+                .first()
+            )
+    loaded: dict[int, _StoredReference] = {}
+    for baseline in found.values():
+        if baseline is not None and baseline.pk not in loaded:
+            rows = BaselineCell.objects.filter(baseline=baseline).values_list(
+                "key", "final_output", "tool_sequence"
+            )
+            loaded[baseline.pk] = _StoredReference(
+                baseline.name, {key: (output, tools) for key, output, tools in rows}
+            )
+    references: dict[str, _StoredReference | None] = {}
+    for invariant_id, reference in wanted.items():
+        baseline = found[reference]
+        is_text = spec.invariants[invariant_id].check_type == "behavior_unchanged"
+        if baseline is None and is_text and reference != "active":
+            continue  # not a baseline's name: the reference text itself
+        references[invariant_id] = loaded[baseline.pk] if baseline is not None else None
+    return references
+
+
 def _evaluate_deferred_with(run: Run, spec: EngineSpec, deferred: set[str], judge: Any) -> None:
-    from checks.artifact import RunArtifact
+    from checks.artifact import RunArtifact, ToolCall
     from checks.context import CheckContext
     from checks.engine import evaluate
     from evaluations.runner.harness import scenario_named
@@ -114,10 +184,11 @@ def _evaluate_deferred_with(run: Run, spec: EngineSpec, deferred: set[str], judg
         .exclude(status__in=[ExecutionStatus.PENDING, ExecutionStatus.RUNNING])
         .order_by("id")
     )
-    references: dict[int, str] = {}
+    in_run: dict[int, Execution] = {}
     for execution in sorted(executions, key=lambda e: (e.replica, e.pk)):
         if execution.pillar == "contract" and execution.status == ExecutionStatus.SUCCESS:
-            references.setdefault(execution.prompt_index, execution.final_output)
+            in_run.setdefault(execution.prompt_index, execution)
+    stored = _stored_references(run, spec, deferred)
     done = set(
         CheckResult.objects.filter(run=run, invariant_id__in=deferred).values_list(
             "execution_id", "invariant_id"
@@ -133,14 +204,36 @@ def _evaluate_deferred_with(run: Run, spec: EngineSpec, deferred: set[str], judg
             continue
         if execution.status == ExecutionStatus.ERROR and not execution.final_output:
             continue  # the agent never ran: scoring already counts the execution as failed
-        artifact = RunArtifact(final_output=execution.final_output, status=execution.status)
-        context = CheckContext(
-            prompt=execution.prompt,
-            scenario=execution.scenario,
-            baseline_output=references.get(execution.prompt_index),
-            judge=judge,
+        artifact = RunArtifact(
+            final_output=execution.final_output,
+            status=execution.status,
+            tool_calls=[
+                ToolCall(name=str(c.get("name", "")), arguments=c.get("arguments") or {})
+                for c in execution.tool_sequence
+            ],
         )
-        results = evaluate(artifact, wanted, context, scenario_named(spec, execution.scenario))
+        scenario = scenario_named(spec, execution.scenario)
+        results = []
+        # One context per reference: the invariants comparing with one baseline share it.
+        by_reference: dict[int, list[Any]] = defaultdict(list)
+        for invariant in wanted:
+            by_reference[id(stored.get(invariant.id, _IN_RUN))].append(invariant)
+        for invariants in by_reference.values():
+            reference = stored.get(invariants[0].id, _IN_RUN)
+            context = CheckContext(
+                prompt=execution.prompt, scenario=execution.scenario, judge=judge
+            )
+            if reference is _IN_RUN:
+                same_run = in_run.get(execution.prompt_index)
+                if same_run is not None:
+                    context.baseline_output = same_run.final_output
+                    context.baseline_tool_calls = same_run.tool_sequence
+            elif isinstance(reference, _StoredReference):
+                context.baseline_name = reference.name
+                cell = reference.cells.get(execution.key)
+                if cell is not None:
+                    context.baseline_output, context.baseline_tool_calls = cell
+            results.extend(evaluate(artifact, invariants, context, scenario))
         with transaction.atomic():
             CheckResult.objects.bulk_create(
                 [CheckResult.from_engine(r, execution=execution) for r in results],
@@ -151,6 +244,9 @@ def _evaluate_deferred_with(run: Run, spec: EngineSpec, deferred: set[str], judg
             Execution.objects.filter(pk=execution.pk).update(
                 composite=score.composite, passed=score.passed
             )
+
+
+_IN_RUN = object()  # the reference is the no-chaos output of the same run
 
 
 def run_review_kappa(run: Run) -> float | None:

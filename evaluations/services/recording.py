@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from checks.artifact import RunArtifact
 from checks.report_model import ExecutionRecord
 from checks.results import ERROR_CODES
 from checks.scoring import score_execution
@@ -80,6 +81,7 @@ def execution_record(*, execution_id: int, worker: str, outcome: Any, spec: Engi
         execution.tool_call_count = len(artifact.all_tool_calls())
         execution.tool_error_count = len(artifact.failed_tool_calls())
         execution.final_output = _storable(artifact.final_output[:cap])
+        execution.tool_sequence = _storable(tool_sequence(artifact))
         execution.error = _storable(artifact.error or "")
         execution.forbidden_violations = outcome.forbidden_violations
         execution.lease_expires = None
@@ -88,6 +90,18 @@ def execution_record(*, execution_id: int, worker: str, outcome: Any, spec: Engi
             if warning:
                 run_warning_add(run_id=execution.run_id, warning=warning)
         _count_done(execution.run_id)
+
+
+TOOL_SEQUENCE_MAX_CALLS = 200
+
+
+def tool_sequence(artifact: RunArtifact) -> list[dict[str, Any]]:
+    """The tool calls in order as {name, arguments}: what drift by `tool-sequence` and the
+    compare page need, kept in the row (capped) so they outlive the trace artifact."""
+    return [
+        {"name": call.name, "arguments": call.arguments}
+        for call in artifact.all_tool_calls()[:TOOL_SEQUENCE_MAX_CALLS]
+    ]
 
 
 def _storable(value: Any) -> Any:

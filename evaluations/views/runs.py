@@ -23,6 +23,7 @@ from django.http import (
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
@@ -206,7 +207,7 @@ def _run_context(access: ProjectAccess, run: Run, summary: dict[str, Any]) -> di
         # A label anyone can set (--label rerun_of=...): linked only when it is a run id.
         "rerun_of": rerun_of if rerun_of.isdigit() else "",
         # Only an ended run can be (or be compared with) the spec's baseline.
-        "baseline": selectors.spec_active_baseline(run.spec_id) if terminal else None,
+        "baseline": selectors.spec_active_baseline(run.spec_id, run.branch) if terminal else None,
     }
 
 
@@ -320,19 +321,28 @@ def run_baseline(request: HttpRequest, project_slug: str, run_id: int) -> HttpRe
     if run is None:
         raise Http404("No such run in this project.")
     notice, error = "", ""
+    baseline_scope = run.branch
     try:
         baseline = services.baseline_promote(
-            run_id=run.pk, user=request.user, name=request.POST.get("name", "")
+            run_id=run.pk,
+            user=request.user,
+            name=request.POST.get("name", ""),
+            branch=request.POST.get("branch") or None,
+            reason=request.POST.get("reason", ""),
         )
     except services.BaselineError as exc:
         error = f"Not promoted: {exc}."
     else:
-        notice = f"Run {run.pk} is now the baseline of {run.spec.slug} ({baseline.name})."
+        baseline_scope = baseline.branch
+        notice = (
+            f"Run {run.pk} is now the baseline of {run.spec.slug} ({baseline.name}) "
+            f"on {baseline.branch}."
+        )
     if is_htmx(request):
         context = {
             "access": access,
             "run": run,
-            "baseline": selectors.spec_active_baseline(run.spec_id),
+            "baseline": selectors.spec_active_baseline(run.spec_id, baseline_scope),
             "baseline_notice": notice,
             "baseline_error": error,
         }
@@ -410,8 +420,10 @@ def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpRes
     """A run beside its spec's baseline (or `?against=RUN`): the figures and their deltas,
     then every cell that changed with its statistical verdict (checks.compare)."""
     from evaluations.selectors.compare import (
+        EXECUTION_PAIRS_MAX,
         ComparisonRefused,
         comparison_reference,
+        execution_pairs,
         run_comparison,
     )
 
@@ -437,7 +449,51 @@ def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpRes
     context.update(
         before=before,
         comparison=comparison,
+        matrix=_compare_matrix(comparison.cells),
         changed=comparison.changed(),
         figures=figures,
+        pairs=execution_pairs(before, after),
+        pairs_max=EXECUTION_PAIRS_MAX,
     )
     return render(request, "runs/run_compare.html", context)
+
+
+def _compare_matrix(cells: list[Any]) -> dict[str, Any]:
+    """The invariant x scenario cells of a comparison as a grid (rows of invariants, one
+    column per scenario), so the changed cells stand out among those that did not."""
+    by_position: dict[tuple[str, str], Any] = {}
+    invariants: list[str] = []
+    scenarios: list[str] = []
+    for cell in cells:
+        if cell.kind != "invariant":
+            continue
+        invariant_id, _, scenario = cell.key.partition(" @ ")
+        if invariant_id not in invariants:
+            invariants.append(invariant_id)
+        if scenario not in scenarios:
+            scenarios.append(scenario)
+        by_position[(invariant_id, scenario)] = cell
+    rows = [(i, [by_position.get((i, s)) for s in scenarios]) for i in invariants]
+    return {"scenarios": scenarios, "rows": rows}
+
+
+@login_required
+@require_GET
+def run_compare_pick(request: HttpRequest, project_slug: str) -> HttpResponse:
+    """The two runs ticked in the runs list: the older is the reference, the newer is
+    compared with it. Anything but two runs of this project goes back to the list, told."""
+    access = project_for(request, project_slug)
+    picked = request.GET.getlist("run")
+    runs = [
+        run
+        for run in (selectors.run_in_project(access.project, int(v)) for v in picked if v.isdigit())
+        if run is not None
+    ]
+    if len(picked) != 2 or len(runs) != 2:
+        messages.error(
+            request, f"Tick exactly two runs of this project to compare ({len(picked)} ticked)."
+        )
+        return redirect("run_list", project_slug=project_slug)
+    before, after = sorted(runs, key=lambda r: (r.created, r.pk))
+    url = reverse("run_compare", args=[project_slug, after.pk])
+    return redirect(f"{url}?against={before.pk}")

@@ -418,12 +418,20 @@ def spec_trends(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
     link = charts.run_links(access.project.slug)
     for row in rows:
         row["url"] = link(row)
-    line_name = branch or "all branches"
+    # One line per branch (runs without one together), and marks where the spec version
+    # changed or a baseline was promoted.
+    lines: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        lines.setdefault(row["branch"] or "no branch", []).append(row)
+    marks = [
+        charts.Mark(x=when, text=text, color="#1a7f37" if kind == "baseline" else "#6b7280")
+        for when, text, kind in selectors.spec_trend_marks(spec, rows)
+    ]
     metric_charts = [
         charts.Chart(
             id=f"trend-{metric.replace('_', '-')}",
             title=charts.METRIC_AXES[metric]["title"],
-            figure=charts.metric_trend({line_name: rows}, metric, link_for=link, height=240),
+            figure=charts.metric_trend(lines, metric, link_for=link, height=240, marks=marks),
         )
         for metric in selectors.TREND_METRICS
     ]

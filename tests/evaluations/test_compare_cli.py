@@ -80,6 +80,17 @@ def test_the_compare_page_shows_the_regression_and_the_figures(
     assert "<strong>Regressed</strong>" in html
     assert 'class="verdict-regressed"' in html and "ok @ no-chaos" in html
     assert "10/10 → 0/10" in html
+    # The invariant x scenario grid: the one cell, marked as regressed.
+    matrix = html[
+        html.index('id="compare-matrix"') : html.index(
+            "</table>", html.index('id="compare-matrix"')
+        )
+    ]
+    assert (
+        '<th scope="col">no-chaos</th>' in matrix
+        and '<th scope="row" class="mono">ok</th>' in matrix
+    )
+    assert 'class="num verdict-regressed"' in matrix and "10/10 → 0/10" in matrix
     assert "pass rate" in html and "-1.000" in html
     # No baseline yet: said on the page, not a 500.
     html = client.get(url).content.decode()

@@ -70,6 +70,13 @@ def test_support_agent_python_example_runs_offline_and_passes_its_gates(
         ("lookup_ticket", 503, "error")
     ]
     assert down.tool_call_count == 1 and down.tool_error_count == 1
+    # The row keeps the tool-call sequence (drift by tool-sequence, baselines, compare page).
+    for execution in executions:
+        assert execution.tool_sequence == [
+            {"name": c["name"], "arguments": c["arguments"]} for c in _tool_calls(execution)
+        ]
+    calm = next(e for e in executions if (e.scenario, e.prompt_index) == ("no-chaos", 1))
+    assert [c["name"] for c in calm.tool_sequence] == ["lookup_ticket", "update_ticket"]
     # Four lookup-down executions, one failed call each, count against the tool success rate.
     calls = sum(e.tool_call_count for e in executions)
     assert sum(e.tool_error_count for e in executions) == 4

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 from checks.context import CheckContext
-from checks.families.drift import edit_distance, field_diff, string_distance
+from checks.families.drift import field_diff, string_distance
 from checks.results import FailureCode
 
 BASELINE = json.dumps({"status": "refunded", "amount": 12.5, "note": "Refund issued to card"})
@@ -17,11 +17,14 @@ class DriftJudge:
         return {"drift_score": 0.0 if baseline == current else 0.6, "reasoning": "compared"}
 
 
-def test_edit_distance():
-    assert edit_distance("kitten", "sitting") == 3
-    assert edit_distance("", "abc") == 3
+def test_string_distance_is_levenshtein_over_the_longer_length():
+    assert string_distance("kitten", "sitting") == 3 / 7
+    assert string_distance("", "abc") == 1.0
+    assert string_distance("", "") == 0.0
     assert string_distance("abc", "abc") == 0.0
     assert string_distance("abcd", "abcx") == 0.25
+    # No length cap: a change after 5,000 characters is still seen.
+    assert 0 < string_distance("a" * 20000, "a" * 19999 + "b") < 0.001
 
 
 def test_field_diff_per_field_distance():

@@ -93,3 +93,25 @@ def test_behavior_unchanged_literal_baseline(run_check):
     config = {"type": "behavior_unchanged", "baseline": "hello world", "similarity_threshold": 0.9}
     assert run_check(config, output="Hello, world!").passed
     assert not run_check(config, output="goodbye").passed
+
+
+def test_behavior_unchanged_against_a_stored_baseline_cell(run_check):
+    from checks.context import CheckContext
+
+    config = {"type": "behavior_unchanged", "baseline": "active", "similarity_threshold": 0.6}
+    stored = CheckContext(baseline_output="Refund issued for order 1042", baseline_name="rel-1")
+    same = run_check(config, context=stored, output="Refund issued for order 1042")
+    other = run_check(config, context=stored, output="Cannot reach the payment service")
+    nothing = run_check(config, context=CheckContext(), output="anything")
+
+    assert same.passed and same.details["baseline"] == "stored"
+    assert same.details["baseline_name"] == "rel-1"
+    assert not other.passed and "the baseline rel-1" in other.message
+    assert nothing.passed and nothing.details["flag"] == "no_baseline"
+    # A text that names no baseline is still the reference text itself.
+    text = run_check(
+        {"type": "behavior_unchanged", "baseline": "Refund issued"},
+        context=CheckContext(baseline_output="ignored"),
+        output="Refund issued",
+    )
+    assert text.passed and text.details["baseline"] == "text"

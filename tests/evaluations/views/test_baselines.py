@@ -122,7 +122,7 @@ def test_promote_over_htmx_answers_the_baseline_region(
     assert body.lstrip().startswith('<div id="run-baseline"')
     assert "<html" not in body
     assert 'data-baseline="active"' in body and "rc of refund-agent" in body
-    assert f"Run {run.pk} is now the baseline of refund-agent (rc)." in body
+    assert f"Run {run.pk} is now the baseline of refund-agent (rc) on main." in body
     # The run page's form posts there and swaps the region.
     page = client.get(run_url(make_run(version))).content.decode()
     assert 'hx-target="#run-baseline" hx-swap="outerHTML"' in page
@@ -252,3 +252,35 @@ def test_promote_needs_login(two_projects, make_spec, make_run):
     response = Client().post(promote_url(run))
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
     assert re.search(r"next=.*baseline", response["Location"])
+
+
+def test_the_run_page_promotes_for_a_branch_with_a_reason_and_links_the_history(
+    two_projects, client_as, make_spec, make_run
+):
+    client = client_as("editor")
+    version = make_spec(two_projects.mine)
+    on_main = make_run(version)
+    feature = make_run(version, labels={"branch": "feature-x"})
+    client.post(promote_url(on_main), {"name": "rel-1"})
+
+    page = client.get(run_url(feature)).content.decode()
+    region = baseline_region(page)
+    # A branch with no baseline of its own is compared with main's, and the form offers the
+    # run's branch as the scope.
+    assert 'data-baseline="other"' in region and "rel-1</a> (main)" in region
+    assert 'name="branch" value="feature-x"' in page
+    assert reverse("spec_baselines", args=["mine", "refund-agent"]) in page
+
+    response = client.post(
+        promote_url(feature), {"name": "fx", "branch": "feature-x", "reason": "new tools"}
+    )
+
+    assert response.status_code == 302
+    scoped = Baseline.objects.get(branch="feature-x")
+    assert (scoped.run_id, scoped.reason, scoped.active) == (feature.pk, "new tools", True)
+    assert Baseline.objects.get(branch="main").active  # main keeps its own
+    region = baseline_region(client.get(run_url(feature)).content.decode())
+    assert 'data-baseline="active"' in region and "fx of refund-agent on feature-x" in region
+    history = client.get(reverse("spec_baselines", args=["mine", "refund-agent"])).content.decode()
+    assert history.count("<tr data-baseline-id=") == 2 and "new tools" in history
+    assert 'data-active-branch="feature-x"' in history and 'data-active-branch="main"' in history

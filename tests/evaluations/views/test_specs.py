@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from evaluations import selectors
+from evaluations import selectors, services
 from evaluations.models import Run, RunStatus, Spec, SpecVersion, Trigger
 
 from .conftest import ALL_ROLES, ROLES, SPEC_YAML
@@ -167,7 +167,7 @@ def test_spec_detail_query_count_does_not_grow(
         make_run(spec_v1)
     with CaptureQueriesContext(connection) as many:
         client.get(url("spec_detail", "refund-agent"))
-    assert len(many) == len(few) <= 8
+    assert len(many) == len(few) <= 9
 
 
 # --- Diff -----------------------------------------------------------------------------------
@@ -556,6 +556,30 @@ def test_trends_filter_by_branch_and_label(two_projects, client_as, make_run, sp
     assert '<option value="feature">' in by_branch and '<option value="main" selected>' in by_branch
 
 
+def test_trends_split_lines_per_branch_and_mark_versions_and_baselines(
+    two_projects, client_as, make_spec, make_run, member, spec_v1
+):
+    now = timezone.now()
+    first = make_run(spec_v1, labels={"branch": "main"}, created=now - timedelta(hours=3))
+    feature = make_run(spec_v1, labels={"branch": "feature"}, created=now - timedelta(hours=2))
+    v2 = make_spec(two_projects.mine, SPEC_V2)
+    later = make_run(v2, labels={"branch": "main"}, created=now - timedelta(hours=1))
+    services.baseline_promote(run_id=first.pk, user=member("editor"), name="rel-1")
+
+    html = client_as("viewer").get(url("spec_trends", "refund-agent")).content.decode()
+
+    figure = chart_figure(html, "trend-pass-rate")
+    lines = {trace["name"]: trace["customdata"] for trace in figure["data"]}
+    assert lines == {
+        "main": [url("run_detail", first.pk), url("run_detail", later.pk)],
+        "feature": [url("run_detail", feature.pk)],
+    }
+    marks = [a["text"] for a in figure["layout"]["annotations"]]
+    assert marks == ["v2", "baseline rel-1 (main)"]
+    assert len(figure["layout"]["shapes"]) == 2
+    assert figure["layout"]["shapes"][0]["x0"] == figure["data"][0]["x"][1]  # v2's first run
+
+
 def test_trends_with_a_bad_label_filter_say_so(two_projects, client_as, make_run, spec_v1):
     make_run(spec_v1)
     response = client_as("viewer").get(url("spec_trends", "refund-agent"), {"label": "nokey"})
@@ -597,8 +621,8 @@ def test_trends_query_count_does_not_grow(two_projects, client_as, make_run, spe
         make_run(spec_v1, labels={"branch": "main" if n % 2 else f"b{n}"})
     with CaptureQueriesContext(connection) as many:
         client.get(url("spec_trends", "refund-agent"), {"branch": "main"})
-    # session, user, project, membership, spec, runs, invariant sums, branches
-    assert len(many) == len(few) <= 8
+    # session, user, project, membership, spec, runs, invariant sums, branches, baselines
+    assert len(many) == len(few) <= 9
 
 
 # --- Permissions across roles and projects ----------------------------------------------------

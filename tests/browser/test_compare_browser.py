@@ -1,0 +1,67 @@
+"""The compare page in a real browser (issue 14): a viewer ticks two runs in the runs list,
+opens the comparison, sees the regression, opens a changed execution and sees both outputs
+diffed word by word and the two tool-call sequences."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evaluations.models import Membership, Project, Role
+from tests.evaluations.execution_helpers import run_spec
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+SPEC = """\
+version: 1
+id: refunder
+task: {prompt: "Refund order 1042"}
+agent: {type: command, command: "echo %s"}
+sandbox: {backend: local}
+invariants:
+  says_refunded:
+    description: mentions the refund
+    check: {type: contains, value: refunded}
+replicas: 3
+"""
+
+
+def test_pick_two_runs_open_compare_and_a_changed_cell(
+    browse: Any, django_user_model: Any, tmp_path: Path
+) -> None:
+    project = Project.objects.create(name="Agents", slug="agents")
+    viewer = django_user_model.objects.create_user(username="vera", password="pw-vera-123")
+    Membership.objects.create(project=project, user=viewer, role=Role.VIEWER)
+    good = run_spec(project, SPEC % "Order 1042 refunded today", spec_dir=tmp_path)
+    worse = run_spec(project, SPEC % "Order 1042 declined today", spec_dir=tmp_path)
+    page = browse.page
+
+    browse.login("vera", "pw-vera-123")
+    page.goto(f"{browse.base_url}/p/agents/runs/")
+    page.check(f"input[name=run][value='{good.pk}']")
+    page.check(f"input[name=run][value='{worse.pk}']")
+    page.click("#compare-selected")
+
+    page.wait_for_url(f"**/runs/{worse.pk}/compare/?against={good.pk}")
+    assert "Regressed" in page.inner_text("#compare-verdict")
+    pairs = page.locator("details.execution-pair")
+    assert pairs.count() == 3  # every replica changed its answer
+    first = pairs.first
+    assert not first.locator("pre.word-diff").is_visible()
+    first.locator("summary").click()
+    diff = first.locator("pre.word-diff")
+    assert diff.is_visible()
+    assert diff.locator("del").all_inner_texts() == ["refunded"]
+    assert diff.locator("ins").all_inner_texts() == ["declined"]
+    assert diff.inner_text().strip() == "Order 1042 refundeddeclined today"
+    assert first.locator("ol.tools-before li").all_inner_texts() == ["none"]
+    browse.screenshot("compare-diff")
+
+    # Ticking one run is refused with a message, back on the list.
+    page.goto(f"{browse.base_url}/p/agents/runs/")
+    page.check(f"input[name=run][value='{good.pk}']")
+    page.click("#compare-selected")
+    page.wait_for_url("**/p/agents/runs/")
+    assert "Tick exactly two runs of this project to compare (1 ticked)." in page.content()
