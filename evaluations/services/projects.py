@@ -179,7 +179,12 @@ def demo_runs_seed(*, on_step: Callable[[str], None] | None = None) -> list[str]
         _demo_run_now(run.pk)
         run.refresh_from_db()
         if step.baseline:
-            baseline_promote(run_id=run.pk, user=None, name=f"{step.branch} baseline")
+            baseline_promote(
+                run_id=run.pk,
+                user=None,
+                name=f"{step.branch} baseline",
+                reason="the demo: the version the team trusts",
+            )
         lines.append(
             f"demo run #{run.pk}: {step.slug} v{version.number} on {step.branch} "
             f"({step.shows}): {run.status}, exit code {run.exit_code}"
