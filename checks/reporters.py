@@ -385,7 +385,41 @@ def _set_counts(suite: ET.Element, counts: dict[str, int], seconds: float) -> No
 # ---------------------------------------------------------------- Markdown
 
 
+# GitHub refuses a comment longer than 65,536 characters; the summary stays below it with
+# room for what a CI job adds around it.
+MARKDOWN_MAX_CHARS = 60_000
+# Failure rows listed before the rest is counted (the JSON report has them all).
+MARKDOWN_MAX_FAILURE_ROWS = 200
+
+
 def render_markdown(summary: RunSummary) -> str:
+    return cap_markdown("\n".join(_markdown_lines(summary)) + "\n")
+
+
+def cap_markdown(text: str, limit: int = MARKDOWN_MAX_CHARS) -> str:
+    """Markdown meant for a pull request or a chat message, whole lines up to `limit`
+    characters; past it, a last line says how many were left out and where the rest is."""
+    if len(text) <= limit:
+        return text
+    lines = text.split("\n")
+    kept: list[str] = []
+    size = 0
+    room = limit - 400  # for the closing note
+    for line in lines:
+        if size + len(line) + 1 > room:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    left_out = len(lines) - len(kept)
+    kept += [
+        "",
+        f"_{left_out} more lines left out to stay under GitHub's 65,536-character comment "
+        "limit: the whole of it is in the JSON report and on the run's page._",
+    ]
+    return "\n".join(kept) + "\n"
+
+
+def _markdown_lines(summary: RunSummary) -> list[str]:
     out: list[str] = []
     icon = {"pass": "PASS", "fail": "FAIL", "error": "ERROR"}.get(summary.verdict, summary.verdict)
     out.append(f"# Keystone run: {_md(summary.spec_id)} — {icon}")
@@ -472,17 +506,21 @@ def render_markdown(summary: RunSummary) -> str:
             "| execution | invariant | code | score | message |",
             "|---|---|---|---|---|",
         ]
-        for record, result in failures:
+        for record, result in failures[:MARKDOWN_MAX_FAILURE_ROWS]:
             code = result.failure_code.value if result.failure_code else ""
             out.append(
                 f"| {_md(_where(record))} | {_md(result.invariant_id)} | {code} | "
                 f"{result.score:.2f} | {_md(result.message)} |"
             )
-        for record in forbidden:
+        for record in forbidden[:MARKDOWN_MAX_FAILURE_ROWS]:
             out.append(
                 f"| {_md(_where(record))} | forbidden | FORBIDDEN_VIOLATION | 0.00 | "
                 f"{len(record.forbidden_violations)} violation(s) |"
             )
+        hidden = max(0, len(failures) - MARKDOWN_MAX_FAILURE_ROWS)
+        hidden += max(0, len(forbidden) - MARKDOWN_MAX_FAILURE_ROWS)
+        if hidden:
+            out.append(f"| ... | | | | {hidden} more failures in the JSON report |")
 
     reasons, more = summary.failure_reasons(limit=50)
     if reasons:
@@ -495,7 +533,7 @@ def render_markdown(summary: RunSummary) -> str:
     if summary.warnings:
         out += ["", "## Warnings", ""]
         out += [f"- {_md(w)}" for w in summary.warnings]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def _where(record: ExecutionRecord) -> str:

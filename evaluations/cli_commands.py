@@ -454,6 +454,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     regressed, by Fisher's exact test; exit 1 when something did (a CI gate), 0 otherwise."""
     setup_django()
     from checks.compare import render_comparison
+    from checks.reporters import cap_markdown
     from evaluations.models import Run
     from evaluations.selectors.compare import (
         ComparisonRefused,
@@ -480,8 +481,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"wrote {args.json}")
     if args.markdown:
         Path(args.markdown).write_text(
-            f"# Keystone compare: run {after.pk} against run {before.pk}\n\n```\n{text}```\n"
-            + _changed_executions_markdown(execution_pairs(before, after, limit=20))
+            cap_markdown(
+                f"# Keystone compare: run {after.pk} against run {before.pk}\n\n```\n{text}```\n"
+                + _changed_executions_markdown(execution_pairs(before, after, limit=20))
+            )
         )
         print(f"wrote {args.markdown}")
     return 1 if comparison.regressed else 0

@@ -21,6 +21,7 @@ from typing import Any
 from django.urls import reverse
 from django.utils import timezone
 
+from checks.reporters import cap_markdown
 from evaluations.models import DEFAULT_BASELINE_BRANCH, Baseline, Project, Run
 from evaluations.selectors.regressions import Regression, project_group_changes
 
@@ -263,4 +264,4 @@ def report_markdown(report: RegressionReport, *, base_url: str = "") -> str:
             for row in report.improvements
         )
         lines += ["", f"Improved ({len(report.improvements)}): {improved}"]
-    return "\n".join(lines) + "\n"
+    return cap_markdown("\n".join(lines) + "\n")

@@ -440,3 +440,32 @@ def test_a_gate_that_passed_below_1_is_marked_in_the_matrix_under_a_fail() -> No
     assert "tone (medium)     pass 1/1 (gate < 1.0)" in render_terminal(summary)
     assert "| tone (medium) | pass 1/1 (gate < 1.0) |" in render_markdown(summary)
     assert json.loads(render_json(summary))["summary"]["matrix"][0]["gates_below_one"] == 1
+
+
+def test_markdown_stays_under_githubs_comment_limit_and_says_what_it_left_out() -> None:
+    spec = Spec.from_dict(SPEC_DATA)
+    records = []
+    for index in range(3000):  # 3,000 executions, each failing with a long message
+        records.append(
+            ExecutionRecord(
+                id=f"e{index}",
+                scenario=f"scenario-{index % 400}",
+                prompt_index=index % 2,
+                prompt="p",
+                replica=index // 800,
+                duration_ms=1.0,
+                cost_usd=0.0,
+                input_tokens=0,
+                output_tokens=0,
+                results=[_result("says_refund", False, message="x" * 300)],
+                pillar="contract",
+                tool_calls=0,
+                output="",
+            )
+        )
+    text = render_markdown(score_run(spec, records))
+    assert len(text) < 65_536
+    assert "more failures in the JSON report" in text or "left out" in text
+    assert text.rstrip().endswith("on the run's page._")  # the closing note, not a cut row
+    small = render_markdown(score_run(spec, _records()))
+    assert "left out" not in small
