@@ -67,13 +67,24 @@ def main() -> int:
         "DATABASE_URL": args.database_url,
         "CELERY_BROKER_URL": args.broker_url,
         "KEYSTONE_HOME": str(home),
-        "DEBUG": "true",
         "LOG_LEVEL": "WARNING",
+        # The benchmark's agent runs in the local sandbox: the platform is what is measured.
+        "KEYSTONE_POLICY_MIN_BACKEND": "local",
     }
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True
     )
-    os.environ.update({k: env[k] for k in ("DATABASE_URL", "CELERY_BROKER_URL", "KEYSTONE_HOME")})
+    os.environ.update(
+        {
+            k: env[k]
+            for k in (
+                "DATABASE_URL",
+                "CELERY_BROKER_URL",
+                "KEYSTONE_HOME",
+                "KEYSTONE_POLICY_MIN_BACKEND",
+            )
+        }
+    )
     os.environ["DJANGO_SETTINGS_MODULE"] = "keystone_web.settings"
     sys.path.insert(0, str(ROOT))
     import django

@@ -1,0 +1,232 @@
+"""Every benchmark in one command, and the table in docs/performance.md.
+
+    python bench/run_all.py [--repeat 3] [--out docs/performance.md]
+    python bench/run_all.py --smoke [--out FILE]      # smallest sizes, one repeat (CI)
+
+Each benchmark runs as its own process, `--repeat` times; its figure is read from what it
+prints, and the table gives min / median / max with the target, the command, the machine
+and the date. Whole-process timings (`keystone --help`, `validate`, a one-execution `run`,
+1,000 executions on the embedded default) are the wall time of the command itself.
+The smoke run checks that every benchmark still runs (CI), not that it is fast: its figures
+are printed, not written to the docs. Needs PostgreSQL on 127.0.0.1:5432 and a redis-server
+binary for the Celery benchmark (it starts its own), as the tests do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+PG = "postgresql://postgres@127.0.0.1:5432"
+
+NOOP_SPEC = """\
+version: 1
+id: bench-noop
+task: {{prompts: [{prompts}]}}
+agent: {{type: command, command: "true"}}
+sandbox: {{backend: local}}
+replicas: {replicas}
+invariants:
+  completes: {{description: "it ran", check: {{type: completes}}}}
+"""
+
+
+@dataclass(frozen=True)
+class Bench:
+    figure: str
+    target: str
+    argv: list[str]  # {tmp}, {redis} are filled in
+    read: Callable[[str, float], float]  # (output, wall seconds) -> the figure
+    unit: str
+    smoke_argv: list[str] | None = None  # a smaller size for --smoke
+
+
+def wall_ms(_: str, seconds: float) -> float:
+    return seconds * 1000
+
+
+def number_after(pattern: str) -> Callable[[str, float], float]:
+    def read(output: str, _: float) -> float:
+        found = re.search(pattern, output)
+        if found is None:
+            raise ValueError(f"no figure matching {pattern!r} in:\n{output[-1500:]}")
+        return float(found.group(1).replace(",", ""))
+
+    return read
+
+
+def per_second(count: int) -> Callable[[str, float], float]:
+    return lambda _, seconds: count / seconds
+
+
+def keystone(*args: str) -> list[str]:
+    return [PYTHON, "-m", "evaluations.cli", *args]
+
+
+def benches(tmp: Path) -> list[Bench]:
+    one = tmp / "one.yaml"
+    one.write_text(NOOP_SPEC.format(prompts='"p"', replicas=1))
+    thousand = tmp / "thousand.yaml"
+    thousand.write_text(NOOP_SPEC.format(prompts=", ".join(f'"p{i}"' for i in range(10)), replicas=100))
+    small = tmp / "small.yaml"
+    small.write_text(NOOP_SPEC.format(prompts='"p0", "p1"', replicas=10))
+    example = str(ROOT / "examples/specs/calculator-fix.yaml")
+    return [
+        Bench("`keystone --help`, whole process", "<= 120 ms", keystone("--help"), wall_ms, "ms"),
+        Bench("`keystone validate` one spec, whole process", "<= 150 ms",
+              keystone("validate", example), wall_ms, "ms"),
+        Bench("`keystone run`, one no-op local execution, one check", "<= 400 ms",
+              keystone("run", str(one)), wall_ms, "ms"),
+        Bench("1,000 no-op executions, embedded default (SQLite), `keystone run`",
+              ">= 150 executions/s", keystone("run", str(thousand)), per_second(1000),
+              "executions/s", smoke_argv=keystone("run", str(small))),
+        Bench("1,000 no-op executions, PostgreSQL + Redis, 2 Celery workers",
+              ">= 150 executions/s",
+              [PYTHON, "bench/bench_throughput.py", "--executions", "1000",
+               "--database-url", f"{PG}/keystone_bench_throughput", "--broker-url", "{redis}"],
+              number_after(r"throughput: ([\d.]+) executions/s"), "executions/s",
+              smoke_argv=[PYTHON, "bench/bench_throughput.py", "--executions", "20",
+                          "--database-url", f"{PG}/keystone_bench_throughput_smoke",
+                          "--broker-url", "{redis}"]),
+        Bench("platform overhead per execution, local", "<= 30 ms",
+              [PYTHON, "bench/bench_overhead.py", "--runs", "30", "--backends", "local"],
+              number_after(r"local\s+([\d.]+)ms"), "ms",
+              smoke_argv=[PYTHON, "bench/bench_overhead.py", "--runs", "3", "--backends", "local"]),
+        Bench("platform overhead per execution, bwrap", "<= 5 ms",
+              [PYTHON, "bench/bench_overhead.py", "--runs", "30", "--backends", "bwrap"],
+              number_after(r"bwrap\s+([\d.]+)ms"), "ms",
+              smoke_argv=[PYTHON, "bench/bench_overhead.py", "--runs", "3", "--backends", "bwrap"]),
+        Bench("deterministic checks, one core", ">= 20,000 checks/s",
+              [PYTHON, "bench/bench_checks.py", "--seconds", "3"],
+              number_after(r"([\d,]+) checks/s"), "checks/s",
+              smoke_argv=[PYTHON, "bench/bench_checks.py", "--seconds", "0.3"]),
+        Bench("validating a 200-invariant spec", "< 50 ms",
+              [PYTHON, "bench/bench_validate.py", "--rounds", "30"],
+              number_after(r"validate_spec_text median: ([\d.]+) ms"), "ms",
+              smoke_argv=[PYTHON, "bench/bench_validate.py", "--rounds", "2"]),
+        Bench("LLM gateway overhead per call", "<= 3 ms",
+              [PYTHON, "bench/bench_gateway.py", "--calls", "500"],
+              number_after(r"gateway overhead per call: ([\d.]+) ms"), "ms",
+              smoke_argv=[PYTHON, "bench/bench_gateway.py", "--calls", "20"]),
+        Bench("tool proxy overhead per call", "<= 3 ms",
+              [PYTHON, "bench/bench_toolproxy.py", "500"],
+              number_after(r"proxy overhead per call:\s+median ([\d.]+) ms"), "ms",
+              smoke_argv=[PYTHON, "bench/bench_toolproxy.py", "20"]),
+        Bench("compare page, two 1,000-execution runs, median server time", "< 300 ms",
+              [PYTHON, "bench/bench_compare.py", "--requests", "20",
+               "--database-url", f"{PG}/keystone_bench_compare"],
+              number_after(r"median ([\d.]+) ms"), "ms",
+              smoke_argv=[PYTHON, "bench/bench_compare.py", "--requests", "2",
+                          "--database-url", f"{PG}/keystone_bench_compare_smoke"]),
+        Bench("every page, worst p95 server time, 200,000 executions / 2,000,000 results",
+              "<= 50 ms",
+              [PYTHON, "bench/bench_pages.py", "--requests", "40",
+               "--database-url", f"{PG}/keystone_bench"],
+              number_after(r"worst p95: ([\d.]+) ms"), "ms",
+              smoke_argv=[PYTHON, "bench/bench_pages.py", "--requests", "2", "--runs", "20",
+                          "--reseed", "--database-url", f"{PG}/keystone_bench_pages_smoke"]),
+    ]  # fmt: skip
+
+
+def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server of our own on a free port (never someone else's data)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(tmp)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return server, f"redis://127.0.0.1:{port}/3"
+
+
+def run_bench(bench: Bench, argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    seconds = time.perf_counter() - started
+    output = done.stdout + done.stderr
+    # A benchmark's exit code says whether it met its own target; only a crash stops us.
+    if done.returncode not in (0, 1) or "Traceback" in output:
+        raise SystemExit(f"{bench.figure}: exit {done.returncode}\n{output[-3000:]}")
+    return bench.read(output, seconds)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="smallest sizes, once each")
+    parser.add_argument("--out", help="where the Markdown table goes (default: docs/performance.md)")
+    args = parser.parse_args()
+    repeat = 1 if args.smoke else args.repeat
+    tmp = Path(tempfile.mkdtemp(prefix="keystone-bench-all-"))
+    redis, redis_url = start_redis(tmp)
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")},
+        "KEYSTONE_HOME": str(tmp / "home"),
+        "KEYSTONE_POLICY_MIN_BACKEND": "local",  # the no-op specs run in the local sandbox
+        "PYTHONPATH": str(ROOT),
+    }
+    rows = []
+    try:
+        for bench in benches(tmp):
+            argv = (bench.smoke_argv or bench.argv) if args.smoke else bench.argv
+            argv = [part.replace("{redis}", redis_url) for part in argv]
+            figures = [run_bench(bench, argv, env) for _ in range(repeat)]
+            command = " ".join(Path(p).name if p == PYTHON else p for p in argv)
+            command = command.replace(str(tmp) + "/", "")
+            low, mid, high = min(figures), statistics.median(figures), max(figures)
+            measured = f"{low:.4g} / {mid:.4g} / {high:.4g} {bench.unit}"
+            rows.append((bench.figure, bench.target, measured, f"`{command}`"))
+            print(f"{bench.figure}: {measured} (target {bench.target})", flush=True)
+    finally:
+        redis.terminate()
+        shutil.rmtree(tmp, ignore_errors=True)
+    table = render(rows, repeat, smoke=args.smoke)
+    out = Path(args.out) if args.out else (None if args.smoke else ROOT / "docs/performance.md")
+    if out is not None:
+        out.write_text(table)
+        print(f"wrote {out}")
+    return 0
+
+
+def render(rows: list[tuple[str, str, str, str]], repeat: int, *, smoke: bool) -> str:
+    machine = f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}"
+    lines = [
+        "# Performance",
+        "",
+        f"Measured by `python bench/run_all.py{' --smoke' if smoke else ''}` on "
+        f"{datetime.date.today():%Y-%m-%d}, {machine}; min / median / max over {repeat} "
+        "run(s) of each benchmark. Commands run from the repository root; `python` is the "
+        "virtualenv's. Each script's docstring says what it measures and how.",
+        "",
+        "| figure | target | measured (min / median / max) | command |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {figure} | {target} | {measured} | {command} |" for figure, target, measured, command in rows]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
