@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform, KeyTransform
+from django.db.models.functions import Cast
 
 from checks.report_model import MATRIX_PILLARS
 from evaluations.models import (
@@ -105,10 +106,7 @@ def run_page(
     if filters.branch:
         runs = runs.filter(branch=filters.branch)
     if filters.label is not None:
-        # A key transform works on PostgreSQL and SQLite, and a key with "__" stays a key.
-        runs = runs.alias(filter_label=KeyTextTransform(filters.label[0], "labels")).filter(
-            filter_label=filters.label[1]
-        )
+        runs = runs_labelled(runs, *filters.label)
     if filters.created_from is not None:
         runs = runs.filter(created__gte=filters.created_from)
     if filters.created_before is not None:
@@ -128,6 +126,17 @@ def run_page(
         last = rows[size - 1]
         next_cursor = RunCursor(created=last.created, id=last.pk)
     return RunPage(runs=rows[:size], next_cursor=next_cursor)
+
+
+def runs_labelled(runs: QuerySet[Run], key: str, value: str) -> QuerySet[Run]:
+    """The runs whose label `key` is `value`, the same on PostgreSQL and SQLite.
+
+    A key transform, not `labels__contains` (not on SQLite) nor `labels__<key>` (a key with
+    "__" would be read as a lookup). The Cast makes the comparison a plain text one: without
+    it SQLite compares JSON and reads the value as JSON text ("malformed JSON" for gpt-4o)."""
+    return runs.alias(
+        filter_label=Cast(KeyTextTransform(key, "labels"), output_field=TextField())
+    ).filter(filter_label=value)
 
 
 def project_spec_slugs(project: Project, *, limit: int = SPEC_LIST_MAX) -> list[str]:

@@ -113,7 +113,11 @@ def test_run_list_filters_by_spec_status_label_branch_and_dates(world: World) ->
             **columns,
         ).pk
 
-    a_main = make(alpha, status=RunStatus.COMPLETED, labels={"branch": "main", "env": "ci"})
+    a_main = make(
+        alpha,
+        status=RunStatus.COMPLETED,
+        labels={"branch": "main", "env": "ci", "model": "gpt-4o", "seed": 7},
+    )
     a_feature = make(alpha, status=RunStatus.FAILED, labels={"branch": "feature/x"})
     b_old = make(beta, status=RunStatus.COMPLETED, created=now - timedelta(days=10))
     b_label = make(beta, status=RunStatus.RUNNING, labels={"env": "nightly", "a__b": "1"})
@@ -130,6 +134,11 @@ def test_run_list_filters_by_spec_status_label_branch_and_dates(world: World) ->
     assert ids(label="env=ci") == {a_main}
     assert ids(label="env=nightly") == {b_label}
     assert ids(label="a__b=1") == {b_label}  # a key with "__" stays a key
+    # The URL (?label=model%3Dgpt-4o), which SQLite once read as JSON: a 500.
+    assert ids(label="model=gpt-4o") == {a_main}
+    assert ids(label="model=gpt-4") == set()
+    assert ids(label="seed=7") == {a_main}  # a number set through the API compares as text
+    assert ids(label="model=gpt-4o", branch="main", status="completed") == {a_main}
     assert ids(branch="feature/x") == {a_feature}
     assert ids(branch="main") == {a_main, world.run.pk}  # the real run has branch=main
     old_day = timezone.localdate(now - timedelta(days=10)).isoformat()
