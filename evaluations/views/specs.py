@@ -257,6 +257,9 @@ def spec_edit(
                     source_yaml=source,
                     author=request.user,
                     source_name=name,
+                    # A spec read from files (CLI, demo) keeps its directory: its relative
+                    # paths (sandbox.workspace: ../agents) resolve as they did.
+                    base_dir=latest.base_dir if latest is not None else "",
                 )
             except SpecValidationError as exc:
                 errors = exc.errors
