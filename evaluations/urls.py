@@ -71,6 +71,11 @@ urlpatterns = [
     path("p/<slug:project_slug>/review/<int:item_id>/", review.item, name="review_item"),
     path("p/<slug:project_slug>/review/agreement/", review.agreement, name="review_agreement"),
     path(
+        "p/<slug:project_slug>/review/grades.<str:fmt>",
+        review.export_grades,
+        name="review_export",
+    ),
+    path(
         "p/<slug:project_slug>/results/<int:result_id>/send-to-review/",
         review.send_to_review,
         name="review_send",

@@ -56,8 +56,10 @@ from evaluations.selectors.reviews import (
     review_agreement,
     review_counts,
     review_filter_choices,
+    review_grades,
     review_item_view,
     review_kappa,
+    review_progress,
     review_queue_items,
 )
 from evaluations.selectors.runs import (
@@ -141,6 +143,8 @@ __all__ = [
     "result_changes",
     "review_agreement",
     "review_counts",
+    "review_grades",
+    "review_progress",
     "review_filter_choices",
     "review_item_view",
     "review_kappa",

@@ -19,6 +19,7 @@ from evaluations.models import (
     ResultChange,
     ReviewItem,
     ReviewStatus,
+    ReviewVerdict,
     Spec,
 )
 
@@ -114,6 +115,32 @@ def review_counts(project: Project, filters: ReviewFilters) -> dict[str, int]:
         claimed=Count("id", filter=Q(status=ReviewStatus.OPEN, claim_expires__gt=now)),
     )
     return {name: int(value or 0) for name, value in counts.items()}
+
+
+def review_progress(project: Project, user: Any, filters: ReviewFilters) -> dict[str, int]:
+    """This reviewer's way through the queue: items they graded, and those graded plus those
+    still open for them (the total), under the queue's filters."""
+    items = filters.apply(ReviewItem.objects.filter(project=project))
+    counts = items.aggregate(
+        graded=Count("id", filter=Q(verdicts__reviewer=user), distinct=True),
+    )
+    left = items.filter(status=ReviewStatus.OPEN).exclude(verdicts__reviewer=user).count()
+    graded = int(counts["graded"] or 0)
+    return {"graded": graded, "total": graded + left}
+
+
+def review_grades(project: Project, filters: ReviewFilters) -> Any:
+    """Every person's grade with the judge's side of its item, oldest first, for the
+    CSV / JSONL export (an iterator: the export streams). Only items people have finished
+    (complete or waiting for adjudication): an open item's grades stay unseen by the other
+    reviewers, and a blind item's judge score by everyone."""
+    items = filters.apply(ReviewItem.objects.filter(project=project))
+    return (
+        ReviewVerdict.objects.filter(item__in=items.exclude(status=ReviewStatus.OPEN).values("id"))
+        .select_related("item__spec", "reviewer")
+        .order_by("created", "id")
+        .iterator(chunk_size=500)
+    )
 
 
 def review_queue_items(

@@ -3,6 +3,8 @@ for every role. Rows come from the real services on PostgreSQL."""
 
 from __future__ import annotations
 
+import csv as csv_module
+import io
 import json
 import re
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from evaluations.models import (
     ReviewVerdict,
     Run,
 )
+from evaluations.views.review import GRADE_COLUMNS
 from tests.evaluations.review_world import add_check, add_execution, add_judge, make_run
 
 pytestmark = pytest.mark.django_db
@@ -399,3 +402,81 @@ def test_send_a_result_to_review_from_the_execution_page(
     fragment = client.post(url("review_send", check.pk), HTTP_HX_REQUEST="true")
     assert f"item #{item.pk}" in fragment.content.decode()
     assert ReviewItem.objects.count() == 1
+
+
+def test_skipped_items_wait_until_nothing_else_is_left(
+    two_projects: Any, member: Callable[..., Any]
+) -> None:
+    run = make_world(two_projects.mine, scores=(0.3, 0.9, 0.65, 0.5))
+    a, b, c, d = items(run)
+    client = login(member("reviewer"))
+    start = client.post(url("review_queue"))
+    assert start["Location"] == url("review_item", a.pk)
+
+    def post(item: ReviewItem, data: dict[str, str]) -> str:
+        response = client.post(url("review_item", item.pk), data, HTTP_HX_REQUEST="true")
+        assert response.status_code == 200
+        return response.content.decode()
+
+    def shown(body: str) -> int:
+        match = re.search(r"Review item #(\d+)</h1>", body)
+        assert match, body[:500]
+        return int(match.group(1))
+
+    # Skipping a then b moves on for good: a does not come back while c and d wait.
+    assert shown(post(a, {"action": "skip"})) == b.pk
+    assert shown(post(b, {"action": "skip"})) == c.pk
+    body = post(c, {"verdict": "pass", "score": "0.8"})
+    assert shown(body) == d.pk
+    progress = re.search(r'data-testid="progress">(.*?)</p>', body, re.S)
+    assert progress and "1 of 4</strong> graded by you, 2 skipped" in " ".join(
+        progress.group(1).split()
+    )
+    # "Previous item" opens the one graded last.
+    assert f'href="{url("review_item", c.pk)}" data-testid="previous-item"' in body
+    # Only skipped items are left: they come back, oldest first.
+    assert shown(post(d, {"verdict": "fail"})) == a.pk
+    assert shown(post(a, {"verdict": "pass"})) == b.pk
+    assert "Nothing left to grade" in post(b, {"verdict": "pass"})
+
+
+def test_the_score_keys_are_written_on_the_page(world: Run, member: Callable[..., Any]) -> None:
+    reviewer = member("reviewer")
+    first = items(world)[0]
+    services.review_claim(item_id=first.pk, user=reviewer)
+    page = login(reviewer).get(url("review_item", first.pk)).content.decode()
+    assert "<kbd>1</kbd>–<kbd>9</kbd></dt><dd>score 0.1–0.9" in page
+    assert "<kbd>0</kbd></dt><dd>score 1.0" in page
+
+
+def test_grades_export_as_csv_and_jsonl_with_judge_and_human_sides(
+    world: Run, member: Callable[..., Any], client_as: Callable[..., Client]
+) -> None:
+    reviewer = member("reviewer")
+    first, second, _third = items(world)
+    services.review_submit(item_id=first.pk, user=reviewer, passed=True, score=0.8, note="ok")
+    services.review_submit(item_id=second.pk, user=reviewer, passed=False)
+    viewer = client_as("viewer")
+
+    csv_response = viewer.get(url("review_export", "csv"))
+    assert csv_response.status_code == 200
+    assert csv_response["Content-Type"].startswith("text/csv")
+    assert 'filename="mine-review-grades.csv"' in csv_response["Content-Disposition"]
+    rows = list(
+        csv_module.DictReader(io.StringIO(b"".join(csv_response.streaming_content).decode()))
+    )
+    assert [int(r["item"]) for r in rows] == [first.pk, second.pk]
+    assert rows[0]["judge_score"] == "0.3" and rows[0]["human_score"] == "0.8"
+    assert rows[0]["reviewer"] == reviewer.username and rows[0]["note"] == "ok"
+    assert rows[1]["human_passed"] == "False" and rows[1]["judge_model"]
+    assert rows[0]["graded_at"]
+
+    jsonl = viewer.get(url("review_export", "jsonl"))
+    lines = [json.loads(line) for line in b"".join(jsonl.streaming_content).splitlines()]
+    assert [line["item"] for line in lines] == [first.pk, second.pk]
+    assert lines[0]["judge_score"] == 0.3 and lines[0]["human_score"] == 0.8
+    # The queue's filters apply; an unknown format is a 404 that says what to use.
+    filtered = viewer.get(url("review_export", "csv", query=f"?run={world.pk + 999}"))
+    assert b"".join(filtered.streaming_content).decode().splitlines() == [",".join(GRADE_COLUMNS)]
+    bad = viewer.get(url("review_export", "xlsx"))
+    assert bad.status_code == 404 and b"grades.csv or grades.jsonl" in bad.content
