@@ -20,6 +20,7 @@ from evaluations.selectors.executions import (
     execution_neighbours,
     execution_reproducer,
     execution_results,
+    execution_timeline,
     execution_transcript,
 )
 from evaluations.selectors.exports import RESULT_CSV_COLUMNS, run_report, run_result_rows
@@ -126,6 +127,7 @@ __all__ = [
     "execution_record",
     "execution_reproducer",
     "execution_results",
+    "execution_timeline",
     "execution_transcript",
     "executions_by_id",
     "group_key",

@@ -144,6 +144,44 @@ def test_execution_page_highlights_the_injected_fault_and_the_failure(world: Wor
     assert "--scenario orders-down --prompt-index 1 --replica 1 --seed 42" in html
 
 
+def test_each_llm_call_lists_every_message_it_was_sent_collapsed(world: World) -> None:
+    target = execution(world, "no-chaos")
+    html = world.client("viewer").get(page_url(world, target.pk)).content.decode()
+    transcript = section(html, "transcript-title")
+    lists = re.findall(r'<details class="llm-messages">(.*?)</details>', transcript, re.S)
+    assert len(lists) == 2  # one per LLM call, closed until opened
+    assert "All 1 message sent to the model" in lists[0]
+    # The second call was sent the whole conversation: the prompt, the model's tool request
+    # and the tool's answer, each with its role.
+    second = lists[1]
+    assert "All 3 messages sent to the model" in second
+    roles = re.findall(r'<span class="message-role">(\w+)</span>', second)
+    assert roles == ["user", "assistant", "tool"]
+    assert "asks orders(" in second and "answers " in second
+    assert "&quot;shipped&quot;" in second  # the tool result, not only the last message
+
+
+def test_the_timeline_places_every_call_with_its_duration(world: World) -> None:
+    target = execution(world, "no-chaos")
+    html = world.client("viewer").get(page_url(world, target.pk)).content.decode()
+    timeline = section(html, "timeline-title")
+    rows = re.findall(r'<tr class="timeline-(llm|tool|http)( timeline-fault)?">', timeline)
+    kinds = [kind for kind, _ in rows]
+    # The agent asks the model, calls the tool (which reaches the HTTP mock), asks again.
+    assert kinds[0] == "llm" and kinds[-1] == "llm"
+    assert sorted(kinds) == ["http", "llm", "llm", "tool"]
+    starts = [float(x) for x in re.findall(r'<td class="num">\+(\d+) ms</td>', timeline)]
+    assert starts == sorted(starts)  # in time order, from the execution's start
+    assert all(ms >= 0 for ms in starts)
+    assert re.search(r'class="timeline-bar" style="left: [\d.]+%; width: [\d.]+%"', timeline)
+
+    faulted = execution(world, "orders-down", 1, 1)
+    html = world.client("viewer").get(page_url(world, faulted.pk)).content.decode()
+    timeline = section(html, "timeline-title")
+    fault_row = re.search(r'<tr class="timeline-tool timeline-fault">(.*?)</tr>', timeline, re.S)
+    assert fault_row and "fault: error" in fault_row.group(1)
+
+
 def test_execution_htmx_answers_the_body_and_links_its_neighbours(world: World) -> None:
     ids = list(Execution.objects.filter(run=world.run).order_by("id").values_list("id", flat=True))
     client = world.client("viewer")
