@@ -67,10 +67,16 @@ def project_list(request: HttpRequest) -> HttpResponse:
     return render(request, template, context, status=status)
 
 
-def _overview_charts(access: ProjectAccess) -> list[charts.Chart]:
+def _overview_charts(
+    access: ProjectAccess,
+) -> tuple[list[charts.Chart], list[dict[str, Any]]]:
+    """The charts, and the same points as table rows (spec, run, link) for people who do not
+    read charts."""
     points = selectors.project_trend_points(access.project)
     link = charts.run_links(access.project.slug)
-
+    table = [
+        {**row, "spec": spec, "url": link(row)} for spec, rows in points.items() for row in rows
+    ]
     return [
         charts.Chart(
             id="chart-resilience",
@@ -82,7 +88,7 @@ def _overview_charts(access: ProjectAccess) -> list[charts.Chart]:
             title="Pass rate per spec",
             figure=charts.metric_trend(points, "pass_rate", link_for=link),
         ),
-    ]
+    ], table
 
 
 @login_required
@@ -103,7 +109,7 @@ def overview(request: HttpRequest, project_slug: str) -> HttpResponse:
     context["has_baseline"] = bool(context["regressions"]) or selectors.project_has_baseline(
         access.project
     )
-    context["charts"] = _overview_charts(access)
+    context["charts"], context["trend_rows"] = _overview_charts(access)
     return render(request, "projects/overview.html", context)
 
 

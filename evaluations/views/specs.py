@@ -442,7 +442,7 @@ def spec_trends(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
                     x=[row["created"] for row in rows],
                     y=rates,
                     links=[link(row) for row in rows],
-                    hover=[f"{invariant} · run {row['id']}" for row in rows],
+                    hover=[charts.run_hover(invariant, row) for row in rows],
                 )
                 for invariant, rates in shown.items()
             ],

@@ -160,6 +160,12 @@ def test_overview_trend_charts_carry_each_specs_runs(two_projects, client_as, ma
     assert line["customdata"] == [f"/p/mine/runs/{first.pk}/", f"/p/mine/runs/{second.pk}/"]
     assert pass_rate["data"][0]["y"] == [1.0, 0.5]
     assert 'data-chart="chart-resilience"' in html
+    # The same runs as a table, for people who do not read charts.
+    table = html[html.index('data-testid="trend-table"') :]
+    table = table[: table.index("</details>")]
+    assert f'href="/p/mine/runs/{first.pk}/">#{first.pk}</a>' in table
+    assert f'href="/p/mine/runs/{second.pk}/">#{second.pk}</a>' in table
+    assert "100%" in table and "50%" in table
     assert "vendor/plotly.min.js" in html and "js/charts.js" in html
 
 

@@ -8,8 +8,10 @@ import io
 import json
 import re
 from collections.abc import Callable
+from datetime import date, timedelta
 from typing import Any
 
+import plotly.graph_objects as go
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -371,6 +373,18 @@ def test_the_agreement_page_shows_kappa_mae_agreement_and_a_trend(
         ).group(1)
     )
     assert figure["data"][0]["y"] == [pytest.approx(0.32 / 0.52)]
+    # One day of grades: the time axis reads in days around it (a day either side), not
+    # one point at midnight with ticks in fractions of a second.
+    [day] = figure["data"][0]["x"]
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", day)
+    xaxis = figure["layout"]["xaxis"]
+    assert xaxis["dtick"] == 86_400_000 and "%S" not in xaxis["tickformat"]
+    low, high = (date.fromisoformat(v[:10]) for v in xaxis["range"])
+    assert (low, high) == (
+        date.fromisoformat(day) - timedelta(days=1),
+        date.fromisoformat(day) + timedelta(days=1),
+    )
+    go.Figure(figure)  # still a valid Plotly figure
 
 
 def test_the_agreement_page_without_reviews(world: Run, client_as: Callable[..., Client]) -> None:
