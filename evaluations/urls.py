@@ -30,6 +30,11 @@ urlpatterns = [
     path("p/<slug:project_slug>/specs/<slug:spec_slug>/diff/", specs.spec_diff, name="spec_diff"),
     path("p/<slug:project_slug>/specs/<slug:spec_slug>/run/", specs.spec_run, name="spec_run"),
     path(
+        "p/<slug:project_slug>/specs/<slug:spec_slug>/v<int:number>.yaml",
+        specs.spec_version_download,
+        name="spec_version_download",
+    ),
+    path(
         "p/<slug:project_slug>/specs/<slug:spec_slug>/trends/",
         specs.spec_trends,
         name="spec_trends",

@@ -53,6 +53,19 @@ def _spec(access: ProjectAccess, spec_slug: str) -> Spec:
 
 
 @login_required
+def spec_version_download(
+    request: HttpRequest, project_slug: str, spec_slug: str, number: int
+) -> HttpResponse:
+    """One version's text exactly as stored, saved as <spec>.yaml: the file the execution
+    page's reproduce command runs."""
+    access = project_for(request, project_slug)
+    version = get_object_or_404(SpecVersion, spec=_spec(access, spec_slug), number=number)
+    response = HttpResponse(version.source_yaml, content_type="application/yaml; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{spec_slug}.yaml"'
+    return response
+
+
+@login_required
 def spec_list(request: HttpRequest, project_slug: str) -> HttpResponse:
     access = project_for(request, project_slug)
     context = {"access": access, "rows": selectors.spec_rows(access.project)}

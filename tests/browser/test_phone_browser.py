@@ -29,9 +29,14 @@ id: polite-refunds
 description: "Refund answers, graded by a judge and then by people"
 task:
   prompts: ["Refund order 1", "Refund order 2"]
-agent: {type: command, command: "echo Your refund is on its way, thank you for waiting"}
+# Replica 1 forgets the refund: mentions_refund is flaky (the run page's "flaky" badge).
+agent:
+  type: command
+  command: "sh -c 'if [ $KEYSTONE_REPLICA = 0 ]; then echo Your refund is on its way; else echo Thank you; fi'"
+replicas: 2
 sandbox: {backend: local}
-judge: {provider: scripted, model: judge-small, rules: [{score: 0.4, reason: "too curt"}]}
+judge: {provider: scripted, model: judge-small, rules: [{score: 0.9, reason: "polite"}]}
+scoring: {pass_threshold: 0.9}
 invariants:
   polite:
     description: "The answer is polite and confirms the refund"
@@ -64,6 +69,35 @@ OVERFLOW_JS = """() => {
     }
   }
   return {page, width, culprits: culprits.slice(0, 6)};
+}"""
+
+
+# WCAG AA: text under 18.66 px bold / 24 px needs 4.5:1 against what is behind it. Checked
+# for every visible link and badge (the "flaky" one included), on every page.
+CONTRAST_JS = """() => {
+  function rgb(text) { return (text.match(/[\\d.]+/g) || []).map(Number); }
+  function luminance(c) {
+    const [r, g, b] = c.slice(0, 3).map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  }
+  function background(el) {
+    for (; el; el = el.parentElement) {
+      const c = rgb(getComputedStyle(el).backgroundColor);
+      if (c.length === 3 || (c.length === 4 && c[3] > 0.5)) return c;
+    }
+    return [255, 255, 255];
+  }
+  const poor = [];
+  for (const el of document.querySelectorAll('a, .badge')) {
+    const box = el.getBoundingClientRect();
+    if (!box.width || !box.height || getComputedStyle(el).visibility === 'hidden') continue;
+    if (el.closest('.js-plotly-plot, .visually-hidden, .skip-link')) continue;
+    const fg = rgb(getComputedStyle(el).color), bg = background(el);
+    const [a, b] = [luminance(fg), luminance(bg)];
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    if (ratio < 4.5) poor.push(`${el.className || el.tagName} "${el.textContent.trim().slice(0, 20)}" ${ratio.toFixed(2)}`);
+  }
+  return poor.slice(0, 5);
 }"""
 
 
@@ -128,7 +162,8 @@ def test_every_page_fits_a_phone_and_the_nav_collapses(
         assert overflow["page"] <= PHONE["width"], ("login", overflow)
         browse.login("ada", "pw-ada-12345")
 
-        too_wide = {}
+        too_wide: dict[str, Any] = {}
+        low_contrast: dict[str, Any] = {}
         for name, path in pages.items():
             response = page.goto(f"{live_server.url}{path}")
             assert response is not None
@@ -137,8 +172,14 @@ def test_every_page_fits_a_phone_and_the_nav_collapses(
             overflow = page.evaluate(OVERFLOW_JS)
             if overflow["page"] > PHONE["width"]:
                 too_wide[name] = overflow
+            if name == "run-detail-judged":  # the flaky badge is among those checked
+                assert page.locator(".badge.flaky").count() > 0
+            poor = page.evaluate(CONTRAST_JS)
+            if poor:
+                low_contrast[name] = poor
             browse.screenshot(f"phone-{name}")
         assert not too_wide, "\n".join(f"{k}: {v}" for k, v in too_wide.items())
+        assert not low_contrast, "\n".join(f"{k}: {v}" for k, v in low_contrast.items())
 
         # The nav is behind a menu button: closed, its links are hidden; open, they show
         # and lead where they say.

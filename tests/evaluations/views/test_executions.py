@@ -426,6 +426,14 @@ def test_execution_page_and_downloads_are_for_members_only(
     assert [r.status_code for r in responses] == [200 if allowed else 404] * 3
 
 
+def test_spec_download_is_for_members_of_the_project_only(world: World) -> None:
+    link = reverse("spec_version_download", args=[world.mine.slug, "dash-agent", 1])
+    assert world.client("viewer").get(link).status_code == 200
+    assert world.client("outsider").get(link).status_code == 404
+    missing = reverse("spec_version_download", args=[world.mine.slug, "dash-agent", 99])
+    assert world.client("viewer").get(missing).status_code == 404
+
+
 def test_another_projects_execution_and_artifact_are_404_under_this_slug(world: World) -> None:
     foreign_run = Run.objects.create(
         project=world.other, spec_version=world.other_run.spec_version, status=RunStatus.COMPLETED
@@ -461,8 +469,15 @@ def test_reproducer_command_reruns_exactly_that_execution(world: World, tmp_path
     )
     words = shlex.split(command)
     assert words[:3] == ["keystone", "run", "dash-agent.yaml"]
+    # The file the command names is the page's download link: fetched, saved under the name
+    # the server gives it, run.
+    link = re.search(r'<a href="([^"]+)" download data-testid="spec-download">', html).group(1)
+    download = world.client("viewer").get(link)
+    assert download.status_code == 200
+    assert download["Content-Disposition"] == 'attachment; filename="dash-agent.yaml"'
+    assert download.content.decode() == world.version.source_yaml
     spec_file = tmp_path / "dash-agent.yaml"
-    spec_file.write_text(world.version.source_yaml)
+    spec_file.write_bytes(download.content)
     report = tmp_path / "report.json"
 
     result = _keystone(tmp_path / "home", "run", str(spec_file), *words[3:], "--json", str(report))

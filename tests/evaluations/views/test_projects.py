@@ -336,6 +336,54 @@ def test_adding_through_htmx_answers_with_the_updated_list(
     assert "carol added as viewer." in body and "carol</td>" in body.replace("\n", "")
 
 
+def test_admin_creates_an_account_for_someone_new(two_projects, client_as, django_user_model):
+    client = client_as("admin")
+    response = client.post(
+        reverse("members", args=["mine"]),
+        {"action": "create", "new_username": "dora", "role": "reviewer"},
+    )
+    # No redirect: the password is on this answer only.
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Account dora created and added as reviewer." in page
+    password = re.search(r'<code class="mono" id="new-password">([^<]+)</code>', page).group(1)
+    assert len(password) >= 16
+    dora = django_user_model.objects.get(username="dora")
+    assert Membership.objects.get(project=two_projects.mine, user=dora).role == Role.REVIEWER
+    assert password not in dora.password  # only its hash is stored
+    assert Client().login(username="dora", password=password)
+    # Shown once: the members page never shows it again.
+    assert password not in client.get(reverse("members", args=["mine"])).content.decode()
+
+
+@pytest.mark.parametrize(
+    ("username", "message"),
+    [
+        ("admin-1", "username: &#x27;admin-1&#x27; is taken"),
+        ("bad name!", "username: &#x27;bad name!&#x27; may contain only letters"),
+        ("", "username: give the new person&#x27;s username."),
+    ],
+)
+def test_creating_an_account_refuses_bad_usernames(two_projects, client_as, username, message):
+    client = client_as("admin")
+    before = (Membership.objects.count(), get_user_model().objects.count())
+    response = client.post(
+        reverse("members", args=["mine"]),
+        {"action": "create", "new_username": username, "role": "viewer"},
+    )
+    assert response.status_code == 400 and message in response.content.decode()
+    assert (Membership.objects.count(), get_user_model().objects.count()) == before
+
+
+def test_only_admins_create_accounts(two_projects, client_as, django_user_model):
+    response = client_as("editor").post(
+        reverse("members", args=["mine"]),
+        {"action": "create", "new_username": "eve", "role": "admin"},
+    )
+    assert response.status_code == 403
+    assert not django_user_model.objects.filter(username="eve").exists()
+
+
 @pytest.mark.parametrize(
     ("form", "message"),
     [
