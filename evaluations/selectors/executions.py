@@ -132,7 +132,7 @@ def _message_text(message: Any) -> str:
 LLM_MESSAGES_SHOWN = 200  # messages listed per LLM call; each is clipped as well
 
 
-def _message_line(message: Any) -> dict[str, str]:
+def message_line(message: Any) -> dict[str, str]:
     if not isinstance(message, dict):
         return {"role": "", "text": _clip(message), "extra": ""}
     extra = []
@@ -182,7 +182,7 @@ def _llm_step(index: int, call: dict[str, Any]) -> dict[str, Any]:
         "last_message": _message_text(messages[-1]) if messages else "",
         # Every message the model was sent (system prompt, earlier turns, tool results),
         # for the collapsed "all messages" list.
-        "messages": [_message_line(m) for m in messages[:LLM_MESSAGES_SHOWN]],
+        "messages": [message_line(m) for m in messages[:LLM_MESSAGES_SHOWN]],
         "reply": reply,
         "requested_tools": [
             f"{t.get('name', '')}({_clip(t.get('arguments') or {}, 300)})"

@@ -22,6 +22,7 @@ from evaluations.models import (
     ReviewVerdict,
     Spec,
 )
+from evaluations.selectors.executions import LLM_MESSAGES_SHOWN, message_line
 
 REVIEW_QUEUE_MAX = 100  # rows in the queue table
 REVIEW_CHOICES_MAX = 100  # entries per filter drop-down
@@ -203,6 +204,9 @@ class ReviewItemView:
     tool_calls: list[ToolCallLine]
     tool_calls_total: int
     verdicts: list[Any]
+    # The agent's whole exchange with its model (every message of its last LLM call, then
+    # the model's reply): what the agent saw and said, for the reviewer as for the judge.
+    conversation: list[dict[str, str]]
 
 
 def review_item_view(item: Any) -> ReviewItemView:
@@ -218,7 +222,8 @@ def review_item_view(item: Any) -> ReviewItemView:
         judge = _mapping(details.get("judge"))
         judged_input = str(judge.get("judged_input") or details.get("judged_input_preview") or "")
     rubric = _mapping(check.get("rubric"))
-    calls = _trace_tool_calls(execution)
+    trace = _read_trace(execution)
+    calls = _trace_tool_calls(trace)
     return ReviewItemView(
         item=item,
         result=result,
@@ -232,25 +237,49 @@ def review_item_view(item: Any) -> ReviewItemView:
         tool_calls=calls[:TOOL_CALLS_SHOWN],
         tool_calls_total=len(calls),
         verdicts=list(item.verdicts.select_related("reviewer").order_by("slot")),
+        conversation=_conversation(trace),
     )
 
 
-def _trace_tool_calls(execution: Execution) -> list[ToolCallLine]:
-    """The tool calls of the execution's stored trace (trace.json), compact. A missing or
-    unreadable trace gives none: the page still shows the output."""
+def _read_trace(execution: Execution) -> dict[str, Any]:
+    """The execution's stored trace (trace.json); empty when missing, too large or
+    unreadable: the page still shows the output."""
     artifact = Artifact.objects.filter(execution=execution, kind="trace").first()
     if artifact is None:
-        return []
+        return {}
     try:
         with artifact.file.open("rb") as handle:
             raw = handle.read(TRACE_READ_MAX + 1)
         if len(raw) > TRACE_READ_MAX:
-            return []
+            return {}
         trace = json.loads(raw)
     except (OSError, ValueError):
+        return {}
+    return trace if isinstance(trace, dict) else {}
+
+
+def _conversation(trace: dict[str, Any]) -> list[dict[str, str]]:
+    """Every message of the last LLM call (each call carries the history before it), then
+    the model's answer to it."""
+    calls = [c for c in trace.get("llm_calls") or [] if isinstance(c, dict)]
+    if not calls:
         return []
-    calls = trace.get("tool_calls") if isinstance(trace, dict) else None
-    if not calls and isinstance(trace, dict):
+    last = calls[-1]
+    request = last.get("request") if isinstance(last.get("request"), dict) else {}
+    messages = request.get("messages") if isinstance(request.get("messages"), list) else []
+    lines = [message_line(m) for m in messages[:LLM_MESSAGES_SHOWN]]
+    response = last.get("response")
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        reply = message_line(choices[0].get("message") or {})
+        lines.append({**reply, "role": f"{reply['role'] or 'assistant'} (reply)"})
+    return lines
+
+
+def _trace_tool_calls(trace: dict[str, Any]) -> list[ToolCallLine]:
+    """The tool calls of the execution's stored trace, compact."""
+    calls = trace.get("tool_calls")
+    if not calls:
         calls = [
             call
             for llm in trace.get("llm_calls") or []

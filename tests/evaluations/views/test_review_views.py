@@ -319,6 +319,57 @@ def test_the_transcript_shows_stored_tool_calls(
     assert "Tool calls (2)" in page and "lookup_order" in page and "refund" in page
 
 
+def test_blind_reviewers_see_the_whole_conversation_with_the_model(
+    two_projects: Any, member: Callable[..., Any]
+) -> None:
+    from django.core.files.base import ContentFile
+
+    from evaluations.models import Artifact
+
+    run = make_world(two_projects.mine, blind=True)
+    first = items(run)[0]
+    # The trace as the gateway stores it: each LLM call carries the history before it.
+    history = [
+        {"role": "system", "content": "You are a refunds agent. Be polite."},
+        {"role": "user", "content": "Refund order 1042"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "function": {"name": "refund", "arguments": '{"order": 1042}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "refund 1042 accepted"},
+    ]
+    trace = {
+        "llm_calls": [
+            {"request": {"messages": history[:2]}, "response": {}},
+            {
+                "request": {"messages": history},
+                "response": {"choices": [{"message": {"role": "assistant", "content": "Done!"}}]},
+            },
+        ],
+        "tool_calls": [],
+    }
+    artifact = Artifact(execution=first.execution, kind="trace", name="trace.json")
+    artifact.file.save("trace.json", ContentFile(json.dumps(trace).encode()), save=True)
+    reviewer = member("reviewer")
+    services.review_claim(item_id=first.pk, user=reviewer)
+    page = login(reviewer).get(url("review_item", first.pk)).content.decode()
+
+    assert 'data-testid="judge-hidden"' in page  # blind: the judge is hidden...
+    conversation = page[page.index('data-testid="conversation"') :]
+    conversation = conversation[: conversation.index("</details>")]
+    # ...but not what the agent and its model said, system prompt included.
+    assert "The whole conversation with the model (5 messages)" in conversation
+    roles = re.findall(r'<span class="message-role">([^<]+)</span>', conversation)
+    assert roles == ["system", "user", "assistant", "tool", "assistant (reply)"]
+    assert "You are a refunds agent. Be polite." in conversation
+    assert "asks refund(" in conversation and "refund 1042 accepted" in conversation
+    assert "Done!" in conversation
+    assert "Pass when" in page  # with the rubric
+
+
 # --- Adjudication --------------------------------------------------------------------------------
 
 
