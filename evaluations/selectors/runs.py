@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet, TextField
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform, KeyTransform
 from django.db.models.functions import Cast
 
@@ -56,6 +56,8 @@ class RunFilters:
     branch: str = ""
     created_from: datetime | None = None  # inclusive
     created_before: datetime | None = None  # exclusive
+    failure_code: str = ""  # a check of the run failed with this code (e.g. CONTAINS_FAILED)
+    output: str = ""  # an execution's final output contains this text (any case)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,23 @@ def run_page(
         runs = runs.filter(branch=filters.branch)
     if filters.label is not None:
         runs = runs_labelled(runs, *filters.label)
+    if filters.failure_code:
+        # EXISTS along the (run, failure_code) index: one probe per run looked at.
+        runs = runs.filter(
+            Exists(
+                CheckResult.objects.filter(
+                    run=OuterRef("pk"), failure_code=filters.failure_code, passed=False
+                )
+            )
+        )
+    if filters.output:
+        # Output text is not indexed: the search reads the outputs of the runs that the
+        # other filters (and the page's keyset) leave, newest first, and stops at a page.
+        runs = runs.filter(
+            Exists(
+                Execution.objects.filter(run=OuterRef("pk"), final_output__icontains=filters.output)
+            )
+        )
     if filters.created_from is not None:
         runs = runs.filter(created__gte=filters.created_from)
     if filters.created_before is not None:

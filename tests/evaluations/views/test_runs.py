@@ -147,6 +147,33 @@ def test_run_list_filters_by_spec_status_label_branch_and_dates(world: World) ->
     assert b_old not in ids(created_from=yesterday)
     assert ids(created_to=timezone.localdate(now - timedelta(days=2)).isoformat()) == {b_old}
     assert ids(spec=beta.spec.slug, status="completed") == {b_old}
+
+
+def test_run_list_searches_by_failure_code_and_output_text(world: World) -> None:
+    """Search across runs: the real run failed says_shipped with CONTAINS_FAILED in its
+    outage scenario, and its answers say "the order tool said"; a run with neither is
+    not found."""
+    other = Run.objects.create(
+        project=world.mine, spec_version=synthetic_version(world.mine), status=RunStatus.COMPLETED
+    )
+    Execution.objects.create(run=other, scenario="no-chaos", final_output="nothing to see")
+    client = world.client("viewer")
+
+    def ids(**query: str) -> set[int]:
+        response = client.get(url("run_list", world), query)
+        assert response.status_code == 200, response.content
+        return set(listed_ids(response.content.decode()))
+
+    assert ids(failure_code="CONTAINS_FAILED") == {world.run.pk}
+    assert ids(failure_code="contains_failed") == {world.run.pk}  # codes read in any case
+    assert ids(failure_code="TIMEOUT") == set()
+    assert ids(output="ORDER TOOL SAID") == {world.run.pk}
+    assert ids(output="nothing to see") == {other.pk}
+    assert ids(output="order tool said", spec=world.run.spec.slug, branch="main") == {world.run.pk}
+    assert ids(output="order tool said", label="team=orders") == {world.run.pk}
+    refused = client.get(url("run_list", world), {"failure_code": "NOT A CODE;"})
+    assert refused.status_code == 400  # said on the page, not a 500
+    assert "a failure code is letters, digits and _" in refused.content.decode()
     assert ids(spec="no-such-spec") == set()
 
 
