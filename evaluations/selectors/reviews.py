@@ -265,8 +265,10 @@ def _conversation(trace: dict[str, Any]) -> list[dict[str, str]]:
     if not calls:
         return []
     last = calls[-1]
-    request = last.get("request") if isinstance(last.get("request"), dict) else {}
-    messages = request.get("messages") if isinstance(request.get("messages"), list) else []
+    raw_request = last.get("request")
+    request: dict[str, Any] = raw_request if isinstance(raw_request, dict) else {}
+    raw_messages = request.get("messages")
+    messages: list[Any] = raw_messages if isinstance(raw_messages, list) else []
     lines = [message_line(m) for m in messages[:LLM_MESSAGES_SHOWN]]
     response = last.get("response")
     choices = response.get("choices") if isinstance(response, dict) else None

@@ -90,7 +90,7 @@ def member_create(*, project: Project, username: str, role: str) -> tuple[Member
             f"username: {username!r} may contain only letters, digits and @ . + - _"
         ) from None
     user_model = get_user_model()
-    if len(username) > user_model._meta.get_field("username").max_length:
+    if len(username) > (user_model._meta.get_field("username").max_length or 150):
         raise MembershipError(f"username: {username!r} is too long.")
     password = secrets.token_urlsafe(12)
     try:

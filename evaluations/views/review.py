@@ -185,7 +185,7 @@ def _item_context(
     is_open = item.status == ReviewStatus.OPEN
     held_by_me = is_open and item.claim_is_live() and item.claimed_by_id == user.pk
     graded_before = (
-        ReviewVerdict.objects.filter(reviewer=user, item__project=access.project)
+        ReviewVerdict.objects.filter(reviewer_id=user.pk, item__project=access.project)
         .exclude(item=item)
         .order_by("-created", "-id")
         .values_list("item_id", flat=True)
@@ -465,7 +465,7 @@ class _Line:
 
 @login_required
 @require_GET
-def export_grades(request: HttpRequest, project_slug: str, fmt: str) -> HttpResponse:
+def export_grades(request: HttpRequest, project_slug: str, fmt: str) -> StreamingHttpResponse:
     """Every person's grade next to the judge's (CSV or JSON Lines), under the queue's
     filters: for agreement studies outside Keystone."""
     access = project_for(request, project_slug)

@@ -1,6 +1,7 @@
-"""Every page at a phone's width (390 px): the page itself never scrolls sideways (wide
-tables and the heatmap scroll inside their own box), and the top bar's links stay reachable
-behind a menu button.
+"""Every page at a phone's width (390 px) and a laptop's (1440 px): the page itself never
+scrolls sideways (wide tables and the heatmap scroll inside their own box), links and badges
+reach WCAG AA contrast, and on the phone the top bar's links stay reachable behind a menu
+button.
 
 The world is real: the example python support agent (scripted model, tool faults, context
 attacks) run through the services, and a judge-graded spec whose verdicts go to review.
@@ -22,6 +23,7 @@ from .conftest import Browse
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PHONE = {"width": 390, "height": 844}
+LAPTOP = {"width": 1440, "height": 900}
 
 JUDGED = """\
 version: 1
@@ -148,41 +150,50 @@ def _world(django_user_model: Any) -> dict[str, str]:
     }
 
 
-def test_every_page_fits_a_phone_and_the_nav_collapses(
+def _walk(browser: Any, base_url: str, pages: dict[str, str], viewport: dict[str, int]) -> Any:
+    """Sign in at this width and open every page: none may scroll sideways, every link and
+    badge must reach WCAG AA contrast. Screenshots: phone-<page> / laptop-<page>. Returns
+    the context (still open) for more checks."""
+    prefix = "phone" if viewport["width"] < 600 else "laptop"
+    context = browser.new_context(viewport=viewport, device_scale_factor=1)
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    browse = Browse(page, base_url)
+    page.goto(f"{base_url}/accounts/login/")
+    overflow = page.evaluate(OVERFLOW_JS)
+    assert overflow["page"] <= viewport["width"], ("login", overflow)
+    browse.login("ada", "pw-ada-12345")
+    too_wide: dict[str, Any] = {}
+    low_contrast: dict[str, Any] = {}
+    for name, path in pages.items():
+        response = page.goto(f"{base_url}{path}")
+        assert response is not None
+        assert response.status == (404 if name == "not-found" else 200), (name, response.status)
+        page.wait_for_load_state("networkidle")
+        overflow = page.evaluate(OVERFLOW_JS)
+        if overflow["page"] > viewport["width"]:
+            too_wide[name] = overflow
+        if name == "run-detail-judged":  # the flaky badge is among those checked
+            assert page.locator(".badge.flaky").count() > 0
+        poor = page.evaluate(CONTRAST_JS)
+        if poor:
+            low_contrast[name] = poor
+        browse.screenshot(f"{prefix}-{name}")
+    assert not too_wide, "\n".join(f"{k}: {v}" for k, v in too_wide.items())
+    assert not low_contrast, "\n".join(f"{k}: {v}" for k, v in low_contrast.items())
+    return context
+
+
+def test_every_page_fits_a_phone_and_a_laptop_and_the_nav_collapses(
     browser: Any, live_server: Any, django_user_model: Any
 ) -> None:
     pages = _world(django_user_model)
-    context = browser.new_context(viewport=PHONE, device_scale_factor=1)
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    browse = Browse(page, live_server.url)
+    _walk(browser, live_server.url, pages, LAPTOP).close()
+    context = _walk(browser, live_server.url, pages, PHONE)
     try:
-        page.goto(f"{live_server.url}/accounts/login/")
-        overflow = page.evaluate(OVERFLOW_JS)
-        assert overflow["page"] <= PHONE["width"], ("login", overflow)
-        browse.login("ada", "pw-ada-12345")
-
-        too_wide: dict[str, Any] = {}
-        low_contrast: dict[str, Any] = {}
-        for name, path in pages.items():
-            response = page.goto(f"{live_server.url}{path}")
-            assert response is not None
-            assert response.status == (404 if name == "not-found" else 200), (name, response.status)
-            page.wait_for_load_state("networkidle")
-            overflow = page.evaluate(OVERFLOW_JS)
-            if overflow["page"] > PHONE["width"]:
-                too_wide[name] = overflow
-            if name == "run-detail-judged":  # the flaky badge is among those checked
-                assert page.locator(".badge.flaky").count() > 0
-            poor = page.evaluate(CONTRAST_JS)
-            if poor:
-                low_contrast[name] = poor
-            browse.screenshot(f"phone-{name}")
-        assert not too_wide, "\n".join(f"{k}: {v}" for k, v in too_wide.items())
-        assert not low_contrast, "\n".join(f"{k}: {v}" for k, v in low_contrast.items())
-
-        # The nav is behind a menu button: closed, its links are hidden; open, they show
-        # and lead where they say.
+        # On the phone the nav is behind a menu button: closed, its links are hidden; open,
+        # they show and lead where they say.
+        page = context.pages[0]
         page.goto(f"{live_server.url}{pages['overview']}")
         runs_link = page.locator(".topnav a", has_text="Runs")
         assert not runs_link.is_visible()
