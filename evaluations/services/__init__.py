@@ -55,6 +55,7 @@ from evaluations.services.review_verdicts import (
     ReviewSubmission,
     review_adjudicate,
     review_submit,
+    review_undo,
 )
 from evaluations.services.reviews import (
     REVIEW_POLICY_DEFAULTS,
@@ -136,6 +137,7 @@ __all__ = [
     "review_release",
     "review_send",
     "review_submit",
+    "review_undo",
     "run_cancel",
     "run_create",
     "run_finalize",

@@ -267,6 +267,15 @@ def _item_post(request: HttpRequest, project_slug: str, item_id: int) -> HttpRes
         if action == "claim":
             services.review_claim(item_id=review_item.pk, user=user)
             return redirect(_item_url(access, review_item.pk, filters))
+        if action == "undo":
+            services.review_undo(item_id=review_item.pk, user=user)
+            # Back on the item, claimed again, to grade it anew.
+            if not is_htmx(request):
+                return redirect(_item_url(access, review_item.pk, filters))
+            reopened = _item_or_404(access, review_item.pk)
+            response = _render_item(request, _item_context(request, access, reopened, filters))
+            response["HX-Push-Url"] = _item_url(access, review_item.pk, filters)
+            return response
         if action == "skip":
             services.review_release(item_id=review_item.pk, user=user)
             _skip(request, access, review_item.pk)

@@ -545,3 +545,51 @@ def test_grades_export_as_csv_and_jsonl_with_judge_and_human_sides(
     assert b"".join(filtered.streaming_content).decode().splitlines() == [",".join(GRADE_COLUMNS)]
     bad = viewer.get(url("review_export", "xlsx"))
     assert bad.status_code == 404 and b"grades.csv or grades.jsonl" in bad.content
+
+
+def test_a_reviewer_undoes_the_last_grade_and_grades_again(
+    world: Run, member: Callable[..., Any]
+) -> None:
+    from datetime import timedelta as _td
+
+    from django.utils import timezone
+
+    from evaluations.models import ResultChange
+
+    reviewer = member("reviewer")
+    client = login(reviewer)
+    first, second, _ = items(world)
+    composite_before = Run.objects.get(pk=world.pk).composite
+    services.review_claim(item_id=first.pk, user=reviewer)
+    graded = client.post(
+        url("review_item", first.pk), {"verdict": "pass", "score": "1"}, HTTP_HX_REQUEST="true"
+    ).content.decode()
+    assert f"Review item #{second.pk}" in graded and 'id="review-undo"' in graded
+    assert CheckResult.objects.filter(execution=first.execution, source="human").exists()
+    assert Run.objects.get(pk=world.pk).composite != composite_before  # the grade counted
+
+    undone = client.post(url("review_item", first.pk), {"action": "undo"}, HTTP_HX_REQUEST="true")
+    assert undone.status_code == 200
+    assert f"Review item #{first.pk}" in undone.content.decode()
+    assert 'id="review-form"' in undone.content.decode()  # claimed again, to grade anew
+    assert undone["HX-Push-Url"] == url("review_item", first.pk)
+    first.refresh_from_db()
+    assert first.status == ReviewStatus.OPEN and first.claimed_by == reviewer
+    assert first.final_passed is None and not ReviewVerdict.objects.filter(item=first).exists()
+    assert not CheckResult.objects.filter(execution=first.execution, source="human").exists()
+    assert Run.objects.get(pk=world.pk).composite == composite_before  # rescored back
+    # Both changes are on record: the grade and its undoing.
+    changes = list(ResultChange.objects.filter(review_item=first).order_by("id"))
+    assert [c.after.get("source") for c in changes] == ["human", "judge"]
+
+    # Graded again, with another verdict: it counts as any grade.
+    client.post(url("review_item", first.pk), {"verdict": "fail"})
+    assert ReviewVerdict.objects.get(item=first).passed is False
+
+    # Too late: a grade older than the claim time stays.
+    ReviewVerdict.objects.filter(item=first).update(created=timezone.now() - _td(hours=2))
+    late = client.post(url("review_item", first.pk), {"action": "undo"})
+    assert late.status_code == 409 and "too late to undo" in late.content.decode()
+    # Someone who did not grade it has nothing to undo.
+    other = login(member("reviewer")).post(url("review_item", first.pk), {"action": "undo"})
+    assert other.status_code == 409 and "no grade on review item" in other.content.decode()
