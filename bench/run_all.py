@@ -82,7 +82,9 @@ def benches(tmp: Path) -> list[Bench]:
     one = tmp / "one.yaml"
     one.write_text(NOOP_SPEC.format(prompts='"p"', replicas=1))
     thousand = tmp / "thousand.yaml"
-    thousand.write_text(NOOP_SPEC.format(prompts=", ".join(f'"p{i}"' for i in range(10)), replicas=100))
+    thousand.write_text(
+        NOOP_SPEC.format(prompts=", ".join(f'"p{i}"' for i in range(10)), replicas=100)
+    )
     small = tmp / "small.yaml"
     small.write_text(NOOP_SPEC.format(prompts='"p0", "p1"', replicas=10))
     example = str(ROOT / "examples/specs/calculator-fix.yaml")
@@ -177,7 +179,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="smallest sizes, once each")
-    parser.add_argument("--out", help="where the Markdown table goes (default: docs/performance.md)")
+    parser.add_argument(
+        "--out", help="where the Markdown table goes (default: docs/performance.md)"
+    )
     args = parser.parse_args()
     repeat = 1 if args.smoke else args.repeat
     tmp = Path(tempfile.mkdtemp(prefix="keystone-bench-all-"))
@@ -224,7 +228,10 @@ def render(rows: list[tuple[str, str, str, str]], repeat: int, *, smoke: bool) -
         "| figure | target | measured (min / median / max) | command |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {figure} | {target} | {measured} | {command} |" for figure, target, measured, command in rows]
+    lines += [
+        f"| {figure} | {target} | {measured} | {command} |"
+        for figure, target, measured, command in rows
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,7 @@ class ToolCall:
     # The HTTP request as the tool proxy forwarded it (method, path, query, and the arguments
     # read from its body or query); `arguments` are then the model's when it asked for the call.
     request: dict[str, Any] | None = None
+    started_at: float = 0.0  # seconds since the epoch when the call began; 0 when unknown
 
 
 @dataclass(slots=True)
@@ -37,6 +38,7 @@ class LLMCall:
     cost_usd: float = 0.0
     fault: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    started_at: float = 0.0  # seconds since the epoch when the call began (the timeline)
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.urls import reverse
@@ -72,12 +72,52 @@ class Chart:
     figure: dict[str, Any] | None
 
 
+# Lines on top of each other stay apart by their dash and marker as well as their colour.
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "hexagon")
+
+
+def run_hover(name: str, row: dict[str, Any]) -> str:
+    """What a point's tooltip says about its run: number, line, version, branch and when."""
+    parts = [f"Run #{row['id']}", name]
+    if row.get("spec_version__number"):
+        parts.append(f"v{row['spec_version__number']}")
+    if row.get("branch"):
+        parts.append(str(row["branch"]))
+    created = row.get("created")
+    if isinstance(created, datetime):
+        parts.append(timezone.localtime(created).strftime("%Y-%m-%d %H:%M"))
+    return " · ".join(parts)
+
+
+def _x_axis(values: list[Any]) -> dict[str, Any]:
+    """A date axis that reads as dates: days (agreement per day) tick by day, never in
+    fractions of a second, and a single moment gets room on both sides instead of an axis
+    spanning milliseconds."""
+    axis: dict[str, Any] = {"type": "date", "gridcolor": "#e6e9ef"}
+    moments = [v for v in values if isinstance(v, date)]
+    if not moments:
+        return axis
+    days = all(not isinstance(v, datetime) for v in moments)
+    low, high = min(moments), max(moments)
+    if days:
+        axis["tickformat"] = "%b %d, %Y"
+        axis["dtick"] = 86_400_000  # at most one tick a day (Plotly thins them out)
+        if (high - low) < timedelta(days=2):
+            axis["range"] = [chart_x(low - timedelta(days=1)), chart_x(high + timedelta(days=1))]
+    elif high - low < timedelta(minutes=1):
+        axis["range"] = [chart_x(low - timedelta(hours=1)), chart_x(high + timedelta(hours=1))]
+    return axis
+
+
 def chart_x(value: Any) -> Any:
     """plotly.js reads dates without a time zone: send local wall-clock time."""
     if isinstance(value, datetime):
         if timezone.is_aware(value):
             value = timezone.localtime(value)
         return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, date):
+        return value.isoformat()
     return value
 
 
@@ -109,22 +149,31 @@ def line_chart(
     y_title: str = "",
     y_range: tuple[float, float] | None = None,
     y_format: str = "",
+    y_label: str = "",
+    nonnegative: bool = False,
     height: int = 280,
     marks: Sequence[Mark] = (),
 ) -> dict[str, Any] | None:
     """Lines with markers, one per series, and `marks` as dotted vertical lines; None when
-    no series has a point."""
+    no series has a point. `nonnegative` keeps the y axis at 0 and above (costs, latencies:
+    never -$1 when every cost is $0)."""
     traces = []
+    x_values: list[Any] = []
     for index, line in enumerate(series):
         if not any(y is not None for y in line.y):
             continue
+        x_values.extend(line.x)
         trace: dict[str, Any] = {
             "x": [chart_x(x) for x in line.x],
             "y": list(line.y),
             "name": line.name,
             "mode": "lines+markers",
-            "line": {"color": PALETTE[index % len(PALETTE)], "width": 2},
-            "marker": {"size": 6},
+            "line": {
+                "color": PALETTE[index % len(PALETTE)],
+                "width": 2,
+                "dash": DASHES[index % len(DASHES)],
+            },
+            "marker": {"size": 7, "symbol": SYMBOLS[index % len(SYMBOLS)]},
             "connectgaps": False,
             **line.extra,
         }
@@ -132,7 +181,8 @@ def line_chart(
             trace["customdata"] = list(line.links)
         if line.hover is not None:
             trace["text"] = list(line.hover)
-            trace["hovertemplate"] = "%{text}<br>%{y" + (f":{y_format}" if y_format else "") + "}"
+            value = "%{y" + (f":{y_format}" if y_format else "") + "}"
+            trace["hovertemplate"] = "%{text}<br>" + (f"{y_label}: " if y_label else "") + value
             trace["hovertemplate"] += "<extra>%{fullData.name}</extra>"
         traces.append({"type": "scatter", **trace})
     if not traces:
@@ -140,6 +190,12 @@ def line_chart(
     yaxis: dict[str, Any] = {"title": {"text": y_title}, "zeroline": False, "gridcolor": "#e6e9ef"}
     if y_range is not None:
         yaxis["range"] = list(y_range)
+    elif nonnegative:
+        yaxis["rangemode"] = "nonnegative"
+        values = [y for trace in traces for y in trace["y"] if y is not None]
+        if values and max(values) <= 0:
+            # Plotly would centre an all-zero line on -1..1: show 0 at the bottom instead.
+            yaxis["range"] = [0, 1]
     if y_format:
         yaxis["tickformat"] = y_format
     shapes = [
@@ -176,7 +232,7 @@ def line_chart(
             "annotations": annotations,
             "height": height,
             "margin": {"l": 56, "r": 16, "t": 16, "b": 40},
-            "xaxis": {"type": "date", "gridcolor": "#e6e9ef"},
+            "xaxis": _x_axis(x_values),
             "yaxis": yaxis,
             "legend": {"orientation": "h", "y": -0.2},
             "showlegend": len(traces) > 1,
@@ -216,7 +272,7 @@ def metric_trend(
             x=[row["created"] for row in rows],
             y=[row.get(metric) for row in rows],
             links=[link_for(row) for row in rows] if link_for else None,
-            hover=[f"{name} · run {row['id']}" for row in rows],
+            hover=[run_hover(name, row) for row in rows],
         )
         for name, rows in lines.items()
     ]
@@ -226,6 +282,8 @@ def metric_trend(
         y_title="",
         y_range=axis["y_range"],
         y_format=axis["y_format"],
+        y_label=axis["title"],
+        nonnegative=axis["y_range"] is None,
         height=height,
         marks=marks,
     )

@@ -30,6 +30,11 @@ urlpatterns = [
     path("p/<slug:project_slug>/specs/<slug:spec_slug>/diff/", specs.spec_diff, name="spec_diff"),
     path("p/<slug:project_slug>/specs/<slug:spec_slug>/run/", specs.spec_run, name="spec_run"),
     path(
+        "p/<slug:project_slug>/specs/<slug:spec_slug>/v<int:number>.yaml",
+        specs.spec_version_download,
+        name="spec_version_download",
+    ),
+    path(
         "p/<slug:project_slug>/specs/<slug:spec_slug>/trends/",
         specs.spec_trends,
         name="spec_trends",
@@ -81,6 +86,11 @@ urlpatterns = [
     path("p/<slug:project_slug>/review/", review.queue, name="review_queue"),
     path("p/<slug:project_slug>/review/<int:item_id>/", review.item, name="review_item"),
     path("p/<slug:project_slug>/review/agreement/", review.agreement, name="review_agreement"),
+    path(
+        "p/<slug:project_slug>/review/grades.<str:fmt>",
+        review.export_grades,
+        name="review_export",
+    ),
     path(
         "p/<slug:project_slug>/results/<int:result_id>/send-to-review/",
         review.send_to_review,

@@ -180,6 +180,7 @@ class Gateway:
                 status=status,
                 latency_ms=delay * 1000 if fault.mode == "timeout" else _ms_since(started),
                 fault=fault.label,
+                started_at=_wall_clock(started),
             )
         )
         if fault.mode == "timeout":
@@ -281,6 +282,7 @@ class Gateway:
                 input_tokens=input_tokens,
                 latency_ms=_ms_since(started),
                 cost_usd=self._cost(model, input_tokens, 0),
+                started_at=_wall_clock(started),
             )
         )
         return HttpReply.json(status, response, headers)
@@ -351,6 +353,7 @@ class Gateway:
             cost_usd=self._cost(model, usage.input_tokens, usage.output_tokens),
             fault=fault.label if fault else None,
             tool_calls=usage.tool_calls,
+            started_at=_wall_clock(started),
         )
 
 
@@ -405,6 +408,11 @@ def _model_tool_call(name: Any, arguments: Any) -> ToolCall:
 
 def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1000.0
+
+
+def _wall_clock(started: float) -> float:
+    """The epoch time of a perf_counter() reading (when the call began, for the timeline)."""
+    return time.time() - (time.perf_counter() - started)
 
 
 def _upstream_client(config: Mapping[str, Any], secrets: Mapping[str, str]) -> httpx2.Client:

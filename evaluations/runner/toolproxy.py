@@ -307,6 +307,7 @@ class _ToolProxyHandler(BaseHTTPRequestHandler):
         call = ToolCall(
             name=tool,
             arguments=sent,
+            started_at=_wall_clock(started),
             request={
                 "method": self.command,
                 "path": sub_path,
@@ -405,7 +406,11 @@ class _ToolProxyHandler(BaseHTTPRequestHandler):
         hand out a ticket for the result."""
         sequence, call_index = self.proxy._next_call(tool)
         arguments = request.get("arguments")
-        call = ToolCall(name=tool, arguments=arguments if isinstance(arguments, dict) else {})
+        call = ToolCall(
+            name=tool,
+            arguments=arguments if isinstance(arguments, dict) else {},
+            started_at=_wall_clock(started),
+        )
         target_url = f"callable://{tool}"
         try:
             faults, modes, early = self._before_tool(tool, call_index, target_url)
@@ -659,3 +664,8 @@ def _malicious(body: bytes, payload: Any) -> bytes:
     if isinstance(document, dict) and isinstance(payload, dict):
         return json.dumps({**document, **payload}).encode()
     return json.dumps(payload).encode()
+
+
+def _wall_clock(started: float) -> float:
+    """The epoch time of a perf_counter() reading taken a moment ago (for the timeline)."""
+    return time.time() - (time.perf_counter() - started)

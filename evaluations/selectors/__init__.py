@@ -21,6 +21,7 @@ from evaluations.selectors.executions import (
     execution_neighbours,
     execution_reproducer,
     execution_results,
+    execution_timeline,
     execution_transcript,
 )
 from evaluations.selectors.exports import RESULT_CSV_COLUMNS, run_report, run_result_rows
@@ -57,8 +58,10 @@ from evaluations.selectors.reviews import (
     review_agreement,
     review_counts,
     review_filter_choices,
+    review_grades,
     review_item_view,
     review_kappa,
+    review_progress,
     review_queue_items,
 )
 from evaluations.selectors.runs import (
@@ -126,6 +129,7 @@ __all__ = [
     "execution_record",
     "execution_reproducer",
     "execution_results",
+    "execution_timeline",
     "execution_transcript",
     "executions_by_id",
     "group_key",
@@ -143,6 +147,8 @@ __all__ = [
     "result_changes",
     "review_agreement",
     "review_counts",
+    "review_grades",
+    "review_progress",
     "review_filter_choices",
     "review_item_view",
     "review_kappa",

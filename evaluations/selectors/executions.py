@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from checks.report_model import MATRIX_PILLARS
@@ -128,6 +129,30 @@ def _message_text(message: Any) -> str:
     return _clip({k: v for k, v in message.items() if k != "role"}) if message else ""
 
 
+LLM_MESSAGES_SHOWN = 200  # messages listed per LLM call; each is clipped as well
+
+
+def message_line(message: Any) -> dict[str, str]:
+    if not isinstance(message, dict):
+        return {"role": "", "text": _clip(message), "extra": ""}
+    extra = []
+    if message.get("name"):
+        extra.append(f"name {message['name']}")
+    if message.get("tool_call_id"):
+        extra.append(f"answers {message['tool_call_id']}")
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            extra.append(
+                f"asks {function.get('name', '')}({_clip(function.get('arguments'), 300)})"
+            )
+    return {
+        "role": str(message.get("role", "")),
+        "text": _message_text(message),
+        "extra": " · ".join(extra),
+    }
+
+
 def _llm_step(index: int, call: dict[str, Any]) -> dict[str, Any]:
     raw_request = call.get("request")
     request: dict[str, Any] = raw_request if isinstance(raw_request, dict) else {}
@@ -155,6 +180,9 @@ def _llm_step(index: int, call: dict[str, Any]) -> dict[str, Any]:
         if messages and isinstance(messages[-1], dict)
         else "",
         "last_message": _message_text(messages[-1]) if messages else "",
+        # Every message the model was sent (system prompt, earlier turns, tool results),
+        # for the collapsed "all messages" list.
+        "messages": [message_line(m) for m in messages[:LLM_MESSAGES_SHOWN]],
         "reply": reply,
         "requested_tools": [
             f"{t.get('name', '')}({_clip(t.get('arguments') or {}, 300)})"
@@ -235,6 +263,69 @@ def execution_transcript(trace: Any) -> list[dict[str, Any]]:
             next_proxied = match + 1
     steps.extend(_tool_step(c, requested=None) for c in proxied[next_proxied:])
     return steps
+
+
+def execution_timeline(
+    trace: Any, http_calls: Any, *, started: datetime | None = None
+) -> dict[str, Any] | None:
+    """The execution as a trace view: every LLM call, tool call and HTTP mock request that
+    carries its start time, on one time axis from the execution's start (or the first call),
+    with durations and faults. None when nothing carries a start time (older traces)."""
+    events: list[dict[str, Any]] = []
+    trace = trace if isinstance(trace, dict) else {}
+    for index, call in enumerate(c for c in trace.get("llm_calls") or [] if isinstance(c, dict)):
+        events.append(
+            {
+                "kind": "llm",
+                "label": f"LLM call {index + 1} · {call.get('model') or ''}",
+                "at": call.get("started_at") or 0.0,
+                "ms": float(call.get("latency_ms") or 0.0),
+                "fault": call.get("fault") or "",
+                "failed": int(call.get("status") or 200) >= 400,
+            }
+        )
+    for call in trace.get("tool_calls") or []:
+        if isinstance(call, dict):
+            events.append(
+                {
+                    "kind": "tool",
+                    "label": f"tool {call.get('name', '')}",
+                    "at": call.get("started_at") or 0.0,
+                    "ms": float(call.get("latency_ms") or 0.0),
+                    "fault": call.get("fault") or "",
+                    "failed": bool(call.get("error")) or int(call.get("status") or 0) >= 400,
+                }
+            )
+    for call in http_calls if isinstance(http_calls, list) else []:
+        if isinstance(call, dict):
+            events.append(
+                {
+                    "kind": "http",
+                    "label": f"HTTP {call.get('method', '')} {call.get('service', '')}"
+                    f"{call.get('path', '')}",
+                    "at": call.get("time") or 0.0,
+                    "ms": 0.0,  # the mock answers at once; its request time is what counts
+                    "fault": "",
+                    "failed": int(call.get("status") or 0) >= 400,
+                }
+            )
+    events = [e for e in events if e["at"]]
+    if not events:
+        return None
+    origin = min(e["at"] for e in events)
+    if started is not None and started.timestamp() <= origin:
+        origin = started.timestamp()
+    end = max(e["at"] + e["ms"] / 1000 for e in events)
+    total_ms = max((end - origin) * 1000, 1.0)
+    for event in sorted(events, key=lambda e: e["at"]):
+        offset = (event["at"] - origin) * 1000
+        event.update(
+            offset_ms=offset,
+            left=round(100 * offset / total_ms, 2),
+            # A bar is at least a sliver wide, so an instant still shows.
+            width=round(max(100 * event["ms"] / total_ms, 0.4), 2),
+        )
+    return {"events": sorted(events, key=lambda e: e["at"]), "total_ms": total_ms}
 
 
 def execution_reproducer(execution: Execution) -> str | None:

@@ -19,8 +19,10 @@ from evaluations.models import (
     ResultChange,
     ReviewItem,
     ReviewStatus,
+    ReviewVerdict,
     Spec,
 )
+from evaluations.selectors.executions import LLM_MESSAGES_SHOWN, message_line
 
 REVIEW_QUEUE_MAX = 100  # rows in the queue table
 REVIEW_CHOICES_MAX = 100  # entries per filter drop-down
@@ -116,6 +118,32 @@ def review_counts(project: Project, filters: ReviewFilters) -> dict[str, int]:
     return {name: int(value or 0) for name, value in counts.items()}
 
 
+def review_progress(project: Project, user: Any, filters: ReviewFilters) -> dict[str, int]:
+    """This reviewer's way through the queue: items they graded, and those graded plus those
+    still open for them (the total), under the queue's filters."""
+    items = filters.apply(ReviewItem.objects.filter(project=project))
+    counts = items.aggregate(
+        graded=Count("id", filter=Q(verdicts__reviewer=user), distinct=True),
+    )
+    left = items.filter(status=ReviewStatus.OPEN).exclude(verdicts__reviewer=user).count()
+    graded = int(counts["graded"] or 0)
+    return {"graded": graded, "total": graded + left}
+
+
+def review_grades(project: Project, filters: ReviewFilters) -> Any:
+    """Every person's grade with the judge's side of its item, oldest first, for the
+    CSV / JSONL export (an iterator: the export streams). Only items people have finished
+    (complete or waiting for adjudication): an open item's grades stay unseen by the other
+    reviewers, and a blind item's judge score by everyone."""
+    items = filters.apply(ReviewItem.objects.filter(project=project))
+    return (
+        ReviewVerdict.objects.filter(item__in=items.exclude(status=ReviewStatus.OPEN).values("id"))
+        .select_related("item__spec", "reviewer")
+        .order_by("created", "id")
+        .iterator(chunk_size=500)
+    )
+
+
 def review_queue_items(
     project: Project, filters: ReviewFilters, *, status: str, limit: int = REVIEW_QUEUE_MAX
 ) -> list[Any]:
@@ -176,6 +204,9 @@ class ReviewItemView:
     tool_calls: list[ToolCallLine]
     tool_calls_total: int
     verdicts: list[Any]
+    # The agent's whole exchange with its model (every message of its last LLM call, then
+    # the model's reply): what the agent saw and said, for the reviewer as for the judge.
+    conversation: list[dict[str, str]]
 
 
 def review_item_view(item: Any) -> ReviewItemView:
@@ -191,7 +222,8 @@ def review_item_view(item: Any) -> ReviewItemView:
         judge = _mapping(details.get("judge"))
         judged_input = str(judge.get("judged_input") or details.get("judged_input_preview") or "")
     rubric = _mapping(check.get("rubric"))
-    calls = _trace_tool_calls(execution)
+    trace = _read_trace(execution)
+    calls = _trace_tool_calls(trace)
     return ReviewItemView(
         item=item,
         result=result,
@@ -205,25 +237,51 @@ def review_item_view(item: Any) -> ReviewItemView:
         tool_calls=calls[:TOOL_CALLS_SHOWN],
         tool_calls_total=len(calls),
         verdicts=list(item.verdicts.select_related("reviewer").order_by("slot")),
+        conversation=_conversation(trace),
     )
 
 
-def _trace_tool_calls(execution: Execution) -> list[ToolCallLine]:
-    """The tool calls of the execution's stored trace (trace.json), compact. A missing or
-    unreadable trace gives none: the page still shows the output."""
+def _read_trace(execution: Execution) -> dict[str, Any]:
+    """The execution's stored trace (trace.json); empty when missing, too large or
+    unreadable: the page still shows the output."""
     artifact = Artifact.objects.filter(execution=execution, kind="trace").first()
     if artifact is None:
-        return []
+        return {}
     try:
         with artifact.file.open("rb") as handle:
             raw = handle.read(TRACE_READ_MAX + 1)
         if len(raw) > TRACE_READ_MAX:
-            return []
+            return {}
         trace = json.loads(raw)
     except (OSError, ValueError):
+        return {}
+    return trace if isinstance(trace, dict) else {}
+
+
+def _conversation(trace: dict[str, Any]) -> list[dict[str, str]]:
+    """Every message of the last LLM call (each call carries the history before it), then
+    the model's answer to it."""
+    calls = [c for c in trace.get("llm_calls") or [] if isinstance(c, dict)]
+    if not calls:
         return []
-    calls = trace.get("tool_calls") if isinstance(trace, dict) else None
-    if not calls and isinstance(trace, dict):
+    last = calls[-1]
+    raw_request = last.get("request")
+    request: dict[str, Any] = raw_request if isinstance(raw_request, dict) else {}
+    raw_messages = request.get("messages")
+    messages: list[Any] = raw_messages if isinstance(raw_messages, list) else []
+    lines = [message_line(m) for m in messages[:LLM_MESSAGES_SHOWN]]
+    response = last.get("response")
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        reply = message_line(choices[0].get("message") or {})
+        lines.append({**reply, "role": f"{reply['role'] or 'assistant'} (reply)"})
+    return lines
+
+
+def _trace_tool_calls(trace: dict[str, Any]) -> list[ToolCallLine]:
+    """The tool calls of the execution's stored trace, compact."""
+    calls = trace.get("tool_calls")
+    if not calls:
         calls = [
             call
             for llm in trace.get("llm_calls") or []

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform, KeyTransform
+from django.db.models.functions import Cast
 
 from checks.report_model import MATRIX_PILLARS
 from evaluations.models import (
@@ -55,6 +56,8 @@ class RunFilters:
     branch: str = ""
     created_from: datetime | None = None  # inclusive
     created_before: datetime | None = None  # exclusive
+    failure_code: str = ""  # a check of the run failed with this code (e.g. CONTAINS_FAILED)
+    output: str = ""  # an execution's final output contains this text (any case)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +108,23 @@ def run_page(
     if filters.branch:
         runs = runs.filter(branch=filters.branch)
     if filters.label is not None:
-        # A key transform works on PostgreSQL and SQLite, and a key with "__" stays a key.
-        runs = runs.alias(filter_label=KeyTextTransform(filters.label[0], "labels")).filter(
-            filter_label=filters.label[1]
+        runs = runs_labelled(runs, *filters.label)
+    if filters.failure_code:
+        # EXISTS along the (run, failure_code) index: one probe per run looked at.
+        runs = runs.filter(
+            Exists(
+                CheckResult.objects.filter(
+                    run=OuterRef("pk"), failure_code=filters.failure_code, passed=False
+                )
+            )
+        )
+    if filters.output:
+        # Output text is not indexed: the search reads the outputs of the runs that the
+        # other filters (and the page's keyset) leave, newest first, and stops at a page.
+        runs = runs.filter(
+            Exists(
+                Execution.objects.filter(run=OuterRef("pk"), final_output__icontains=filters.output)
+            )
         )
     if filters.created_from is not None:
         runs = runs.filter(created__gte=filters.created_from)
@@ -128,6 +145,17 @@ def run_page(
         last = rows[size - 1]
         next_cursor = RunCursor(created=last.created, id=last.pk)
     return RunPage(runs=rows[:size], next_cursor=next_cursor)
+
+
+def runs_labelled(runs: QuerySet[Run], key: str, value: str) -> QuerySet[Run]:
+    """The runs whose label `key` is `value`, the same on PostgreSQL and SQLite.
+
+    A key transform, not `labels__contains` (not on SQLite) nor `labels__<key>` (a key with
+    "__" would be read as a lookup). The Cast makes the comparison a plain text one: without
+    it SQLite compares JSON and reads the value as JSON text ("malformed JSON" for gpt-4o)."""
+    return runs.alias(
+        filter_label=Cast(KeyTextTransform(key, "labels"), output_field=TextField())
+    ).filter(filter_label=value)
 
 
 def project_spec_slugs(project: Project, *, limit: int = SPEC_LIST_MAX) -> list[str]:

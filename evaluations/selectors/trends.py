@@ -6,9 +6,9 @@ from collections import defaultdict
 from typing import Any
 
 from django.db import connection
-from django.db.models import F, Subquery, TextField, Window
-from django.db.models.fields.json import KeyTextTransform, KeyTransform
-from django.db.models.functions import Cast, RowNumber
+from django.db.models import F, Subquery, Window
+from django.db.models.fields.json import KeyTransform
+from django.db.models.functions import RowNumber
 
 from evaluations.models import (
     Baseline,
@@ -23,6 +23,7 @@ from evaluations.selectors.bounds import (
     OVERVIEW_TREND_WINDOW,
     TREND_RUNS,
 )
+from evaluations.selectors.runs import runs_labelled
 
 
 def project_trend_points(
@@ -70,12 +71,7 @@ def spec_trend_runs(
     if branch:
         runs = runs.filter(branch=branch)
     if label is not None:
-        # A key transform, not `labels__contains` (not on SQLite) nor `labels__<key>` (a key
-        # with "__" would be read as a lookup).
-        # The Cast makes it a plain text comparison on SQLite too (not a JSON one).
-        runs = runs.annotate(
-            label_value=Cast(KeyTextTransform(label[0], "labels"), output_field=TextField())
-        ).filter(label_value=label[1])
+        runs = runs_labelled(runs, *label)
     rows = list(
         runs.order_by("-created", "-id").values(
             "id", "created", "branch", "git_sha", "spec_version__number", *TREND_METRICS

@@ -44,6 +44,7 @@ from evaluations.services.projects import (
     MembershipError,
     demo_load,
     demo_runs_seed,
+    member_create,
     membership_add,
     membership_remove,
     membership_set_role,
@@ -56,6 +57,7 @@ from evaluations.services.review_verdicts import (
     ReviewSubmission,
     review_adjudicate,
     review_submit,
+    review_undo,
 )
 from evaluations.services.reviews import (
     REVIEW_POLICY_DEFAULTS,
@@ -124,6 +126,7 @@ __all__ = [
     "execution_release",
     "execution_replay_session",
     "execution_requeue_expired",
+    "member_create",
     "membership_add",
     "membership_remove",
     "membership_set_role",
@@ -138,6 +141,7 @@ __all__ = [
     "review_release",
     "review_send",
     "review_submit",
+    "review_undo",
     "run_cancel",
     "run_create",
     "run_finalize",

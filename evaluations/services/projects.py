@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from evaluations.models import (
     Membership,
@@ -69,6 +70,39 @@ def membership_add(*, project: Project, username: str, role: str) -> Membership:
                 f"{username} is already a member ({existing.role}); change the role instead."
             )
         return Membership.objects.create(project=project, user=user, role=new_role)
+
+
+def member_create(*, project: Project, username: str, role: str) -> tuple[Membership, str]:
+    """A new account that joins the project with `role`, for someone who has none yet. Its
+    password is random and returned once (shown to the admin to hand over; only its hash
+    is stored); the person changes it at /accounts/password_change/."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.validators import UnicodeUsernameValidator
+    from django.core.exceptions import ValidationError
+
+    new_role = _role(role)
+    username = username.strip()
+    if not username:
+        raise MembershipError("username: give the new person's username.")
+    try:
+        UnicodeUsernameValidator()(username)
+    except ValidationError:
+        raise MembershipError(
+            f"username: {username!r} may contain only letters, digits and @ . + - _"
+        ) from None
+    user_model = get_user_model()
+    if len(username) > (user_model._meta.get_field("username").max_length or 150):
+        raise MembershipError(f"username: {username!r} is too long.")
+    password = secrets.token_urlsafe(12)
+    try:
+        with transaction.atomic():
+            user = user_model.objects.create_user(username=username, password=password)
+            membership = Membership.objects.create(project=project, user=user, role=new_role)
+    except IntegrityError:
+        raise MembershipError(
+            f"username: {username!r} is taken; add that person with 'Add a member' instead."
+        ) from None
+    return membership, password
 
 
 def _membership_to_change(

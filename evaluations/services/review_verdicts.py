@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -34,6 +35,7 @@ from evaluations.services.reviews import (
     ReviewError,
     ReviewInputError,
     require_role,
+    review_claim_seconds,
     review_policy_for,
 )
 from evaluations.services.runs import engine_spec
@@ -272,6 +274,78 @@ def _review_apply(
         changed_by=user,
         before=before,
         after=_review_snapshot(human, execution, run),
+    )
+
+
+def review_undo(*, item_id: int, user: Any) -> ReviewItem:
+    """Take back one's own last grade of an item, within the claim time after giving it: the
+    grade is deleted, a human result it made is removed (the execution and run are rescored
+    from the results left, and the change is recorded), and the item is open again, claimed
+    by this reviewer. Refused once an admin adjudicated the item, once another reviewer
+    graded after this one, or once the claim time has passed."""
+    item = ReviewItem.objects.select_related("project").get(pk=item_id)
+    require_role(item.project, user, Role.REVIEWER)
+    now = timezone.now()
+    window = timedelta(seconds=review_claim_seconds())
+    with transaction.atomic():
+        locked = ReviewItem.objects.select_for_update().get(pk=item.pk)
+        verdicts = list(ReviewVerdict.objects.filter(item_id=item.pk).order_by("slot"))
+        mine = next((v for v in verdicts if v.reviewer_id == user.pk), None)
+        if mine is None:
+            raise ReviewClaimError(f"You have no grade on review item {item.pk} to undo.")
+        if mine.created < now - window:
+            minutes = round(window.total_seconds() / 60)
+            raise ReviewClaimError(
+                f"Your grade of review item {item.pk} is older than {minutes} minutes: "
+                "too late to undo."
+            )
+        if locked.adjudicated_by_id is not None:
+            raise ReviewClaimError(f"Review item {item.pk} was adjudicated: its grades stay.")
+        if mine.slot != verdicts[-1].slot:
+            raise ReviewClaimError(
+                f"Another reviewer graded review item {item.pk} after you: your grade stays."
+            )
+        if locked.status == ReviewStatus.COMPLETE:
+            _review_unapply(locked, user=user)
+        mine.delete()
+        locked.status = ReviewStatus.OPEN
+        locked.final_passed = None
+        locked.final_score = None
+        locked.completed = None
+        locked.claimed_by = user
+        locked.claim_expires = now + window
+        locked.save()
+    return locked
+
+
+def _review_unapply(item: ReviewItem, *, user: Any) -> None:
+    """Remove the human result this item wrote and rescore from the results left."""
+    run = Run.objects.select_for_update().select_related("spec_version").get(pk=item.run_id)
+    execution = Execution.objects.select_for_update().get(pk=item.execution_id)
+    human = CheckResult.objects.filter(
+        execution=execution, invariant_id=item.invariant_id, source=ResultSource.HUMAN
+    ).first()
+    if human is None or (human.details or {}).get("review_item") != item.pk:
+        raise ReviewClaimError(
+            f"A later review changed the result of review item {item.pk}: your grade stays."
+        )
+    before = _review_snapshot(human, execution, run)
+    human.delete()
+    _execution_rescore(execution, run, execution_record)
+    if run.status == RunStatus.COMPLETED:
+        run = run_finalize(run_id=run.pk)
+    left = list(CheckResult.objects.filter(execution=execution, invariant_id=item.invariant_id))
+    current = effective_results(left)[0] if left else None
+    execution.refresh_from_db()
+    ResultChange.objects.create(
+        run=run,
+        execution=execution,
+        check_result=current,
+        invariant_id=item.invariant_id,
+        review_item=item,
+        changed_by=user,
+        before=before,
+        after=_review_snapshot(current, execution, run) if current is not None else {},
     )
 
 

@@ -139,7 +139,7 @@ def require_role(project: Project, user: Any, minimum: Role) -> None:
         )
 
 
-def _review_claim_seconds() -> int:
+def review_claim_seconds() -> int:
     return int(settings.KEYSTONE_REVIEW_CLAIM_SECONDS)
 
 
@@ -288,7 +288,7 @@ def review_claim(*, item_id: int, user: Any) -> ReviewItem:
         .filter(Q(claimed_by__isnull=True) | Q(claim_expires__lte=now) | Q(claimed_by=user))
         .exclude(verdicts__reviewer=user)
     )
-    expires = now + timedelta(seconds=_review_claim_seconds())
+    expires = now + timedelta(seconds=review_claim_seconds())
     if claimable.update(claimed_by=user, claim_expires=expires):
         item.refresh_from_db()
         return item

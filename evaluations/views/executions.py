@@ -138,6 +138,7 @@ def execution_detail(request: HttpRequest, project_slug: str, execution_id: int)
         "changes": selectors.result_changes(execution),
         "forbidden": [_pretty(v) for v in execution.forbidden_violations],
         "transcript": selectors.execution_transcript(trace),
+        "timeline": selectors.execution_timeline(trace, http_log, started=execution.started),
         "trace_problem": trace_problem,
         "stdout": _blob(by_kind.get(ArtifactKind.STDOUT)),
         "stderr": _blob(by_kind.get(ArtifactKind.STDERR)),

@@ -67,10 +67,16 @@ def project_list(request: HttpRequest) -> HttpResponse:
     return render(request, template, context, status=status)
 
 
-def _overview_charts(access: ProjectAccess) -> list[charts.Chart]:
+def _overview_charts(
+    access: ProjectAccess,
+) -> tuple[list[charts.Chart], list[dict[str, Any]]]:
+    """The charts, and the same points as table rows (spec, run, link) for people who do not
+    read charts."""
     points = selectors.project_trend_points(access.project)
     link = charts.run_links(access.project.slug)
-
+    table = [
+        {**row, "spec": spec, "url": link(row)} for spec, rows in points.items() for row in rows
+    ]
     return [
         charts.Chart(
             id="chart-resilience",
@@ -82,7 +88,7 @@ def _overview_charts(access: ProjectAccess) -> list[charts.Chart]:
             title="Pass rate per spec",
             figure=charts.metric_trend(points, "pass_rate", link_for=link),
         ),
-    ]
+    ], table
 
 
 @login_required
@@ -103,7 +109,7 @@ def overview(request: HttpRequest, project_slug: str) -> HttpResponse:
     context["has_baseline"] = bool(context["regressions"]) or selectors.project_has_baseline(
         access.project
     )
-    context["charts"] = _overview_charts(access)
+    context["charts"], context["trend_rows"] = _overview_charts(access)
     return render(request, "projects/overview.html", context)
 
 
@@ -113,15 +119,16 @@ def members(request: HttpRequest, project_slug: str) -> HttpResponse:
     """Members and roles; admins add people by username, change roles and remove members.
     Refusals (unknown user, the last admin) come back as a message on the page."""
     access = project_for(request, project_slug)
-    notice, error = "", ""
+    notice, error, password = "", "", ""
     status = 200
     if request.method == "POST":
         access = project_for(request, project_slug, Role.ADMIN)
         try:
-            notice = _member_action(request, access)
+            notice, password = _member_action(request, access)
         except services.MembershipError as exc:
             error, status = str(exc), 400
-        if not is_htmx(request) and not error:
+        # A new account's password is shown on this answer only: no redirect then.
+        if not is_htmx(request) and not error and not password:
             messages.success(request, notice)
             return redirect("members", project_slug=access.project.slug)
         status = refusal_status(request, status)
@@ -131,13 +138,16 @@ def members(request: HttpRequest, project_slug: str) -> HttpResponse:
         "roles": Role.choices,
         "notice": notice,
         "error": error,
+        "new_password": password,
         "username": request.POST.get("username", "") if error else "",
+        "new_username": request.POST.get("new_username", "") if error else "",
     }
     template = page_or_region(request, "projects/members.html", "member-list")
     return render(request, template, context, status=status)
 
 
-def _member_action(request: HttpRequest, access: ProjectAccess) -> str:
+def _member_action(request: HttpRequest, access: ProjectAccess) -> tuple[str, str]:
+    """(what was done, the new account's password when one was created)."""
     action = request.POST.get("action", "")
     project = access.project
     if action == "add":
@@ -146,7 +156,15 @@ def _member_action(request: HttpRequest, access: ProjectAccess) -> str:
             username=request.POST.get("username", ""),
             role=request.POST.get("role", Role.VIEWER),
         )
-        return f"{membership.user.get_username()} added as {membership.role}."
+        return f"{membership.user.get_username()} added as {membership.role}.", ""
+    if action == "create":
+        membership, password = services.member_create(
+            project=project,
+            username=request.POST.get("new_username", ""),
+            role=request.POST.get("role", Role.VIEWER),
+        )
+        name = membership.user.get_username()
+        return f"Account {name} created and added as {membership.role}.", password
     try:
         membership_id = int(request.POST.get("membership", ""))
     except ValueError:
@@ -155,11 +173,11 @@ def _member_action(request: HttpRequest, access: ProjectAccess) -> str:
         membership = services.membership_set_role(
             project=project, membership_id=membership_id, role=request.POST.get("role", "")
         )
-        return f"{membership.user.get_username()} is now {membership.role}."
+        return f"{membership.user.get_username()} is now {membership.role}.", ""
     if action == "remove":
         services.membership_remove(project=project, membership_id=membership_id)
-        return "Member removed."
-    raise services.MembershipError(f"Unknown action {action!r}: add, set_role or remove.")
+        return "Member removed.", ""
+    raise services.MembershipError(f"Unknown action {action!r}: add, create, set_role or remove.")
 
 
 # --- Settings: the project's review policy ---------------------------------------------------

@@ -14,16 +14,20 @@ adjudication the admin role. Non-members get a 404 (evaluations.access.project_f
 
 from __future__ import annotations
 
+import csv
+import itertools
+import json
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
@@ -46,6 +50,39 @@ def _queue_url(access: ProjectAccess, filters: ReviewFilters) -> str:
 
 def _item_url(access: ProjectAccess, item_id: int, filters: ReviewFilters, **extra: Any) -> str:
     return reverse("review_item", args=[access.project.slug, item_id]) + _query(filters, **extra)
+
+
+# Items this reviewer skipped, per project, kept in their session: the next item is never
+# one of them until nothing else is left (then they come round again, oldest first).
+SKIPPED_MAX = 500
+
+
+def _skipped_key(access: ProjectAccess) -> str:
+    return f"review_skipped:{access.project.pk}"
+
+
+def _skipped(request: HttpRequest, access: ProjectAccess) -> list[int]:
+    return [int(i) for i in request.session.get(_skipped_key(access), [])]
+
+
+def _skip(request: HttpRequest, access: ProjectAccess, item_id: int) -> None:
+    ids = [i for i in _skipped(request, access) if i != item_id] + [item_id]
+    request.session[_skipped_key(access)] = ids[-SKIPPED_MAX:]
+
+
+def _claim_next(
+    request: HttpRequest, access: ProjectAccess, filters: ReviewFilters
+) -> ReviewItem | None:
+    """The next item for this reviewer, skipped ones last."""
+    skipped = tuple(_skipped(request, access))
+    following = services.review_next(
+        project=access.project, user=request.user, filters=filters, exclude=skipped
+    )
+    if following is None and skipped:
+        # Only skipped items are left: the queue is empty otherwise, so they come back.
+        request.session[_skipped_key(access)] = []
+        following = services.review_next(project=access.project, user=request.user, filters=filters)
+    return following
 
 
 # --- The queue ------------------------------------------------------------------------------
@@ -78,7 +115,7 @@ def queue(request: HttpRequest, project_slug: str) -> HttpResponse:
 def _start_reviewing(request: HttpRequest, project_slug: str) -> HttpResponse:
     access = project_for(request, project_slug, Role.REVIEWER)
     filters = ReviewFilters.from_query(request.POST)
-    item = services.review_next(project=access.project, user=request.user, filters=filters)
+    item = _claim_next(request, access, filters)
     if item is None:
         messages.info(request, "Nothing left for you to grade with these filters.")
         return redirect(_queue_url(access, filters))
@@ -147,8 +184,21 @@ def _item_context(
     my_verdict = next((v for v in item.verdicts.all() if v.reviewer_id == user.pk), None)
     is_open = item.status == ReviewStatus.OPEN
     held_by_me = is_open and item.claim_is_live() and item.claimed_by_id == user.pk
+    graded_before = (
+        ReviewVerdict.objects.filter(reviewer_id=user.pk, item__project=access.project)
+        .exclude(item=item)
+        .order_by("-created", "-id")
+        .values_list("item_id", flat=True)
+        .first()
+    )
     context.update(
         {
+            "progress": selectors.review_progress(access.project, user, filters),
+            "skipped_count": len(_skipped(request, access)),
+            # The item this reviewer graded last: "Previous" opens it (read-only).
+            "previous_url": (
+                _item_url(access, graded_before, filters) if graded_before is not None else ""
+            ),
             "view": selectors.review_item_view(item),
             "my_verdict": my_verdict,
             # Blind review: the judge's side appears once this person has answered, or
@@ -217,9 +267,19 @@ def _item_post(request: HttpRequest, project_slug: str, item_id: int) -> HttpRes
         if action == "claim":
             services.review_claim(item_id=review_item.pk, user=user)
             return redirect(_item_url(access, review_item.pk, filters))
+        if action == "undo":
+            services.review_undo(item_id=review_item.pk, user=user)
+            # Back on the item, claimed again, to grade it anew.
+            if not is_htmx(request):
+                return redirect(_item_url(access, review_item.pk, filters))
+            reopened = _item_or_404(access, review_item.pk)
+            response = _render_item(request, _item_context(request, access, reopened, filters))
+            response["HX-Push-Url"] = _item_url(access, review_item.pk, filters)
+            return response
         if action == "skip":
             services.review_release(item_id=review_item.pk, user=user)
-            return _next_item(request, access, filters, exclude=(review_item.pk,))
+            _skip(request, access, review_item.pk)
+            return _next_item(request, access, filters)
         if action == "adjudicate":
             services.review_adjudicate(
                 item_id=review_item.pk,
@@ -253,13 +313,10 @@ def _next_item(
     filters: ReviewFilters,
     *,
     previous_id: int | None = None,
-    exclude: tuple[int, ...] = (),
 ) -> HttpResponse:
     """Claim the reviewer's next item: swapped in for htmx (with the address bar
     following), a redirect otherwise."""
-    following = services.review_next(
-        project=access.project, user=request.user, filters=filters, exclude=exclude
-    )
+    following = _claim_next(request, access, filters)
     if following is None:
         url = _queue_url(access, filters)
     else:
@@ -366,3 +423,76 @@ def send_to_review(request: HttpRequest, project_slug: str, result_id: int) -> H
     return redirect(
         "execution_detail", project_slug=access.project.slug, execution_id=result.execution_id
     )
+
+
+# --- Export of the grades ------------------------------------------------------------------
+
+GRADE_COLUMNS = (
+    "item",
+    "run",
+    "execution",
+    "spec",
+    "invariant",
+    "judge_model",
+    "judge_score",
+    "judge_passed",
+    "reviewer",
+    "human_passed",
+    "human_score",
+    "note",
+    "graded_at",
+    "item_status",
+)
+
+
+def _grade_row(verdict: ReviewVerdict) -> dict[str, Any]:
+    item = verdict.item
+    return {
+        "item": item.pk,
+        "run": item.run_id,
+        "execution": item.execution_id,
+        "spec": item.spec.slug,
+        "invariant": item.invariant_id,
+        "judge_model": item.judge_model,
+        "judge_score": item.judge_score,
+        "judge_passed": item.judge_passed,
+        "reviewer": verdict.reviewer.get_username() if verdict.reviewer else "",
+        "human_passed": verdict.passed,
+        "human_score": verdict.score,
+        "note": verdict.note,
+        "graded_at": verdict.created.isoformat(),
+        "item_status": item.status,
+    }
+
+
+class _Line:
+    """csv.writer's file: hands back each line instead of storing it (for streaming)."""
+
+    def write(self, text: str) -> str:
+        return text
+
+
+@login_required
+@require_GET
+def export_grades(request: HttpRequest, project_slug: str, fmt: str) -> StreamingHttpResponse:
+    """Every person's grade next to the judge's (CSV or JSON Lines), under the queue's
+    filters: for agreement studies outside Keystone."""
+    access = project_for(request, project_slug)
+    if fmt not in ("csv", "jsonl"):
+        raise Http404(f"Unknown export format {fmt!r}: use grades.csv or grades.jsonl.")
+    rows = (
+        _grade_row(v)
+        for v in selectors.review_grades(access.project, ReviewFilters.from_query(request.GET))
+    )
+    lines: Iterator[str]
+    if fmt == "csv":
+        writer = csv.DictWriter(_Line(), fieldnames=GRADE_COLUMNS)
+        lines = itertools.chain([writer.writeheader()], (writer.writerow(r) for r in rows))
+        content_type = "text/csv; charset=utf-8"
+    else:
+        lines = (json.dumps(r) + "\n" for r in rows)
+        content_type = "application/x-ndjson"
+    response = StreamingHttpResponse(lines, content_type=content_type)
+    name = f"{access.project.slug}-review-grades.{fmt}"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response

@@ -47,6 +47,13 @@ class RunFilterForm(forms.Form):
     branch = forms.CharField(required=False, max_length=255)
     created_from = forms.DateField(required=False)
     created_to = forms.DateField(required=False)
+    failure_code = forms.RegexField(
+        required=False,
+        max_length=64,
+        regex=r"^[A-Za-z0-9_]*$",
+        error_messages={"invalid": "a failure code is letters, digits and _ (CONTAINS_FAILED)"},
+    )
+    output = forms.CharField(required=False, max_length=200)
     after = forms.CharField(required=False, max_length=200)
 
     def clean_label(self) -> tuple[str, str] | None:
@@ -84,6 +91,8 @@ class RunFilterForm(forms.Form):
             created_from=_day_start(data["created_from"]),
             # The end date is inclusive: runs before the next day's midnight.
             created_before=_day_start(data["created_to"], days_later=1),
+            failure_code=data["failure_code"].strip().upper(),
+            output=data["output"].strip(),
         )
 
 

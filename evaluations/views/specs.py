@@ -53,6 +53,19 @@ def _spec(access: ProjectAccess, spec_slug: str) -> Spec:
 
 
 @login_required
+def spec_version_download(
+    request: HttpRequest, project_slug: str, spec_slug: str, number: int
+) -> HttpResponse:
+    """One version's text exactly as stored, saved as <spec>.yaml: the file the execution
+    page's reproduce command runs."""
+    access = project_for(request, project_slug)
+    version = get_object_or_404(SpecVersion, spec=_spec(access, spec_slug), number=number)
+    response = HttpResponse(version.source_yaml, content_type="application/yaml; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{spec_slug}.yaml"'
+    return response
+
+
+@login_required
 def spec_list(request: HttpRequest, project_slug: str) -> HttpResponse:
     access = project_for(request, project_slug)
     context = {"access": access, "rows": selectors.spec_rows(access.project)}
@@ -257,6 +270,9 @@ def spec_edit(
                     source_yaml=source,
                     author=request.user,
                     source_name=name,
+                    # A spec read from files (CLI, demo) keeps its directory: its relative
+                    # paths (sandbox.workspace: ../agents) resolve as they did.
+                    base_dir=latest.base_dir if latest is not None else "",
                 )
             except SpecValidationError as exc:
                 errors = exc.errors
@@ -447,7 +463,7 @@ def spec_trends(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
                     x=[row["created"] for row in rows],
                     y=rates,
                     links=[link(row) for row in rows],
-                    hover=[f"{invariant} · run {row['id']}" for row in rows],
+                    hover=[charts.run_hover(invariant, row) for row in rows],
                 )
                 for invariant, rates in shown.items()
             ],

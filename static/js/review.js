@@ -1,5 +1,6 @@
-/* Keyboard grading on the review item page: p / f = pass / fail, 0-9 = score 0.0-0.9,
-   n = note, s = skip, Enter = submit, Esc = leave a field. The forms work without this file
+/* Keyboard grading on the review item page: p / f = pass / fail, 1-9 = score 0.1-0.9 and
+   0 = 1.0 (no key means two things: "1" is never 0.1 or 1.0 depending on who reads it),
+   n = note, s = skip, u = undo the last grade, Enter = submit, Esc = leave a field. The forms work without this file
    (plain POST and redirect); with htmx the next item replaces #review-item, and since the
    listener sits on the document it keeps working for every swapped-in item. */
 (function () {
@@ -29,7 +30,7 @@
   function setScore(form, digit) {
     var score = form.querySelector('input[name="score"]');
     if (!score) { return; }
-    score.value = (digit / 10).toFixed(1);
+    score.value = digit === 0 ? "1.0" : (digit / 10).toFixed(1);
     score.dataset.auto = "";
   }
 
@@ -54,6 +55,9 @@
     } else if (key === "n") {
       var note = form.querySelector('input[name="note"]');
       if (note) { note.focus(); }
+    } else if (key === "u") {
+      var undo = document.getElementById("review-undo");
+      if (undo) { undo.requestSubmit(); }
     } else if (key === "s") {
       var skip = document.getElementById("review-skip");
       if (skip) { skip.requestSubmit(); }

@@ -144,6 +144,44 @@ def test_execution_page_highlights_the_injected_fault_and_the_failure(world: Wor
     assert "--scenario orders-down --prompt-index 1 --replica 1 --seed 42" in html
 
 
+def test_each_llm_call_lists_every_message_it_was_sent_collapsed(world: World) -> None:
+    target = execution(world, "no-chaos")
+    html = world.client("viewer").get(page_url(world, target.pk)).content.decode()
+    transcript = section(html, "transcript-title")
+    lists = re.findall(r'<details class="llm-messages">(.*?)</details>', transcript, re.S)
+    assert len(lists) == 2  # one per LLM call, closed until opened
+    assert "All 1 message sent to the model" in lists[0]
+    # The second call was sent the whole conversation: the prompt, the model's tool request
+    # and the tool's answer, each with its role.
+    second = lists[1]
+    assert "All 3 messages sent to the model" in second
+    roles = re.findall(r'<span class="message-role">(\w+)</span>', second)
+    assert roles == ["user", "assistant", "tool"]
+    assert "asks orders(" in second and "answers " in second
+    assert "&quot;shipped&quot;" in second  # the tool result, not only the last message
+
+
+def test_the_timeline_places_every_call_with_its_duration(world: World) -> None:
+    target = execution(world, "no-chaos")
+    html = world.client("viewer").get(page_url(world, target.pk)).content.decode()
+    timeline = section(html, "timeline-title")
+    rows = re.findall(r'<tr class="timeline-(llm|tool|http)( timeline-fault)?">', timeline)
+    kinds = [kind for kind, _ in rows]
+    # The agent asks the model, calls the tool (which reaches the HTTP mock), asks again.
+    assert kinds[0] == "llm" and kinds[-1] == "llm"
+    assert sorted(kinds) == ["http", "llm", "llm", "tool"]
+    starts = [float(x) for x in re.findall(r'<td class="num">\+(\d+) ms</td>', timeline)]
+    assert starts == sorted(starts)  # in time order, from the execution's start
+    assert all(ms >= 0 for ms in starts)
+    assert re.search(r'class="timeline-bar" style="left: [\d.]+%; width: [\d.]+%"', timeline)
+
+    faulted = execution(world, "orders-down", 1, 1)
+    html = world.client("viewer").get(page_url(world, faulted.pk)).content.decode()
+    timeline = section(html, "timeline-title")
+    fault_row = re.search(r'<tr class="timeline-tool timeline-fault">(.*?)</tr>', timeline, re.S)
+    assert fault_row and "fault: error" in fault_row.group(1)
+
+
 def test_execution_htmx_answers_the_body_and_links_its_neighbours(world: World) -> None:
     ids = list(Execution.objects.filter(run=world.run).order_by("id").values_list("id", flat=True))
     client = world.client("viewer")
@@ -388,6 +426,14 @@ def test_execution_page_and_downloads_are_for_members_only(
     assert [r.status_code for r in responses] == [200 if allowed else 404] * 3
 
 
+def test_spec_download_is_for_members_of_the_project_only(world: World) -> None:
+    link = reverse("spec_version_download", args=[world.mine.slug, "dash-agent", 1])
+    assert world.client("viewer").get(link).status_code == 200
+    assert world.client("outsider").get(link).status_code == 404
+    missing = reverse("spec_version_download", args=[world.mine.slug, "dash-agent", 99])
+    assert world.client("viewer").get(missing).status_code == 404
+
+
 def test_another_projects_execution_and_artifact_are_404_under_this_slug(world: World) -> None:
     foreign_run = Run.objects.create(
         project=world.other, spec_version=world.other_run.spec_version, status=RunStatus.COMPLETED
@@ -423,8 +469,15 @@ def test_reproducer_command_reruns_exactly_that_execution(world: World, tmp_path
     )
     words = shlex.split(command)
     assert words[:3] == ["keystone", "run", "dash-agent.yaml"]
+    # The file the command names is the page's download link: fetched, saved under the name
+    # the server gives it, run.
+    link = re.search(r'<a href="([^"]+)" download data-testid="spec-download">', html).group(1)
+    download = world.client("viewer").get(link)
+    assert download.status_code == 200
+    assert download["Content-Disposition"] == 'attachment; filename="dash-agent.yaml"'
+    assert download.content.decode() == world.version.source_yaml
     spec_file = tmp_path / "dash-agent.yaml"
-    spec_file.write_text(world.version.source_yaml)
+    spec_file.write_bytes(download.content)
     report = tmp_path / "report.json"
 
     result = _keystone(tmp_path / "home", "run", str(spec_file), *words[3:], "--json", str(report))

@@ -160,6 +160,12 @@ def test_overview_trend_charts_carry_each_specs_runs(two_projects, client_as, ma
     assert line["customdata"] == [f"/p/mine/runs/{first.pk}/", f"/p/mine/runs/{second.pk}/"]
     assert pass_rate["data"][0]["y"] == [1.0, 0.5]
     assert 'data-chart="chart-resilience"' in html
+    # The same runs as a table, for people who do not read charts.
+    table = html[html.index('data-testid="trend-table"') :]
+    table = table[: table.index("</details>")]
+    assert f'href="/p/mine/runs/{first.pk}/">#{first.pk}</a>' in table
+    assert f'href="/p/mine/runs/{second.pk}/">#{second.pk}</a>' in table
+    assert "100%" in table and "50%" in table
     assert "vendor/plotly.min.js" in html and "js/charts.js" in html
 
 
@@ -328,6 +334,54 @@ def test_adding_through_htmx_answers_with_the_updated_list(
     assert response.status_code == 200
     assert body.lstrip().startswith('<section id="member-list"')
     assert "carol added as viewer." in body and "carol</td>" in body.replace("\n", "")
+
+
+def test_admin_creates_an_account_for_someone_new(two_projects, client_as, django_user_model):
+    client = client_as("admin")
+    response = client.post(
+        reverse("members", args=["mine"]),
+        {"action": "create", "new_username": "dora", "role": "reviewer"},
+    )
+    # No redirect: the password is on this answer only.
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Account dora created and added as reviewer." in page
+    password = re.search(r'<code class="mono" id="new-password">([^<]+)</code>', page).group(1)
+    assert len(password) >= 16
+    dora = django_user_model.objects.get(username="dora")
+    assert Membership.objects.get(project=two_projects.mine, user=dora).role == Role.REVIEWER
+    assert password not in dora.password  # only its hash is stored
+    assert Client().login(username="dora", password=password)
+    # Shown once: the members page never shows it again.
+    assert password not in client.get(reverse("members", args=["mine"])).content.decode()
+
+
+@pytest.mark.parametrize(
+    ("username", "message"),
+    [
+        ("admin-1", "username: &#x27;admin-1&#x27; is taken"),
+        ("bad name!", "username: &#x27;bad name!&#x27; may contain only letters"),
+        ("", "username: give the new person&#x27;s username."),
+    ],
+)
+def test_creating_an_account_refuses_bad_usernames(two_projects, client_as, username, message):
+    client = client_as("admin")
+    before = (Membership.objects.count(), get_user_model().objects.count())
+    response = client.post(
+        reverse("members", args=["mine"]),
+        {"action": "create", "new_username": username, "role": "viewer"},
+    )
+    assert response.status_code == 400 and message in response.content.decode()
+    assert (Membership.objects.count(), get_user_model().objects.count()) == before
+
+
+def test_only_admins_create_accounts(two_projects, client_as, django_user_model):
+    response = client_as("editor").post(
+        reverse("members", args=["mine"]),
+        {"action": "create", "new_username": "eve", "role": "admin"},
+    )
+    assert response.status_code == 403
+    assert not django_user_model.objects.filter(username="eve").exists()
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,15 @@ for every role. Rows come from the real services on PostgreSQL."""
 
 from __future__ import annotations
 
+import csv as csv_module
+import io
 import json
 import re
 from collections.abc import Callable
+from datetime import date, timedelta
 from typing import Any
 
+import plotly.graph_objects as go
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -21,6 +25,7 @@ from evaluations.models import (
     ReviewVerdict,
     Run,
 )
+from evaluations.views.review import GRADE_COLUMNS
 from tests.evaluations.review_world import add_check, add_execution, add_judge, make_run
 
 pytestmark = pytest.mark.django_db
@@ -314,6 +319,57 @@ def test_the_transcript_shows_stored_tool_calls(
     assert "Tool calls (2)" in page and "lookup_order" in page and "refund" in page
 
 
+def test_blind_reviewers_see_the_whole_conversation_with_the_model(
+    two_projects: Any, member: Callable[..., Any]
+) -> None:
+    from django.core.files.base import ContentFile
+
+    from evaluations.models import Artifact
+
+    run = make_world(two_projects.mine, blind=True)
+    first = items(run)[0]
+    # The trace as the gateway stores it: each LLM call carries the history before it.
+    history = [
+        {"role": "system", "content": "You are a refunds agent. Be polite."},
+        {"role": "user", "content": "Refund order 1042"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "function": {"name": "refund", "arguments": '{"order": 1042}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "refund 1042 accepted"},
+    ]
+    trace = {
+        "llm_calls": [
+            {"request": {"messages": history[:2]}, "response": {}},
+            {
+                "request": {"messages": history},
+                "response": {"choices": [{"message": {"role": "assistant", "content": "Done!"}}]},
+            },
+        ],
+        "tool_calls": [],
+    }
+    artifact = Artifact(execution=first.execution, kind="trace", name="trace.json")
+    artifact.file.save("trace.json", ContentFile(json.dumps(trace).encode()), save=True)
+    reviewer = member("reviewer")
+    services.review_claim(item_id=first.pk, user=reviewer)
+    page = login(reviewer).get(url("review_item", first.pk)).content.decode()
+
+    assert 'data-testid="judge-hidden"' in page  # blind: the judge is hidden...
+    conversation = page[page.index('data-testid="conversation"') :]
+    conversation = conversation[: conversation.index("</details>")]
+    # ...but not what the agent and its model said, system prompt included.
+    assert "The whole conversation with the model (5 messages)" in conversation
+    roles = re.findall(r'<span class="message-role">([^<]+)</span>', conversation)
+    assert roles == ["system", "user", "assistant", "tool", "assistant (reply)"]
+    assert "You are a refunds agent. Be polite." in conversation
+    assert "asks refund(" in conversation and "refund 1042 accepted" in conversation
+    assert "Done!" in conversation
+    assert "Pass when" in page  # with the rubric
+
+
 # --- Adjudication --------------------------------------------------------------------------------
 
 
@@ -368,6 +424,18 @@ def test_the_agreement_page_shows_kappa_mae_agreement_and_a_trend(
         ).group(1)
     )
     assert figure["data"][0]["y"] == [pytest.approx(0.32 / 0.52)]
+    # One day of grades: the time axis reads in days around it (a day either side), not
+    # one point at midnight with ticks in fractions of a second.
+    [day] = figure["data"][0]["x"]
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", day)
+    xaxis = figure["layout"]["xaxis"]
+    assert xaxis["dtick"] == 86_400_000 and "%S" not in xaxis["tickformat"]
+    low, high = (date.fromisoformat(v[:10]) for v in xaxis["range"])
+    assert (low, high) == (
+        date.fromisoformat(day) - timedelta(days=1),
+        date.fromisoformat(day) + timedelta(days=1),
+    )
+    go.Figure(figure)  # still a valid Plotly figure
 
 
 def test_the_agreement_page_without_reviews(world: Run, client_as: Callable[..., Client]) -> None:
@@ -399,3 +467,129 @@ def test_send_a_result_to_review_from_the_execution_page(
     fragment = client.post(url("review_send", check.pk), HTTP_HX_REQUEST="true")
     assert f"item #{item.pk}" in fragment.content.decode()
     assert ReviewItem.objects.count() == 1
+
+
+def test_skipped_items_wait_until_nothing_else_is_left(
+    two_projects: Any, member: Callable[..., Any]
+) -> None:
+    run = make_world(two_projects.mine, scores=(0.3, 0.9, 0.65, 0.5))
+    a, b, c, d = items(run)
+    client = login(member("reviewer"))
+    start = client.post(url("review_queue"))
+    assert start["Location"] == url("review_item", a.pk)
+
+    def post(item: ReviewItem, data: dict[str, str]) -> str:
+        response = client.post(url("review_item", item.pk), data, HTTP_HX_REQUEST="true")
+        assert response.status_code == 200
+        return response.content.decode()
+
+    def shown(body: str) -> int:
+        match = re.search(r"Review item #(\d+)</h1>", body)
+        assert match, body[:500]
+        return int(match.group(1))
+
+    # Skipping a then b moves on for good: a does not come back while c and d wait.
+    assert shown(post(a, {"action": "skip"})) == b.pk
+    assert shown(post(b, {"action": "skip"})) == c.pk
+    body = post(c, {"verdict": "pass", "score": "0.8"})
+    assert shown(body) == d.pk
+    progress = re.search(r'data-testid="progress">(.*?)</p>', body, re.S)
+    assert progress and "1 of 4</strong> graded by you, 2 skipped" in " ".join(
+        progress.group(1).split()
+    )
+    # "Previous item" opens the one graded last.
+    assert f'href="{url("review_item", c.pk)}" data-testid="previous-item"' in body
+    # Only skipped items are left: they come back, oldest first.
+    assert shown(post(d, {"verdict": "fail"})) == a.pk
+    assert shown(post(a, {"verdict": "pass"})) == b.pk
+    assert "Nothing left to grade" in post(b, {"verdict": "pass"})
+
+
+def test_the_score_keys_are_written_on_the_page(world: Run, member: Callable[..., Any]) -> None:
+    reviewer = member("reviewer")
+    first = items(world)[0]
+    services.review_claim(item_id=first.pk, user=reviewer)
+    page = login(reviewer).get(url("review_item", first.pk)).content.decode()
+    assert "<kbd>1</kbd>–<kbd>9</kbd></dt><dd>score 0.1–0.9" in page
+    assert "<kbd>0</kbd></dt><dd>score 1.0" in page
+
+
+def test_grades_export_as_csv_and_jsonl_with_judge_and_human_sides(
+    world: Run, member: Callable[..., Any], client_as: Callable[..., Client]
+) -> None:
+    reviewer = member("reviewer")
+    first, second, _third = items(world)
+    services.review_submit(item_id=first.pk, user=reviewer, passed=True, score=0.8, note="ok")
+    services.review_submit(item_id=second.pk, user=reviewer, passed=False)
+    viewer = client_as("viewer")
+
+    csv_response = viewer.get(url("review_export", "csv"))
+    assert csv_response.status_code == 200
+    assert csv_response["Content-Type"].startswith("text/csv")
+    assert 'filename="mine-review-grades.csv"' in csv_response["Content-Disposition"]
+    rows = list(
+        csv_module.DictReader(io.StringIO(b"".join(csv_response.streaming_content).decode()))
+    )
+    assert [int(r["item"]) for r in rows] == [first.pk, second.pk]
+    assert rows[0]["judge_score"] == "0.3" and rows[0]["human_score"] == "0.8"
+    assert rows[0]["reviewer"] == reviewer.username and rows[0]["note"] == "ok"
+    assert rows[1]["human_passed"] == "False" and rows[1]["judge_model"]
+    assert rows[0]["graded_at"]
+
+    jsonl = viewer.get(url("review_export", "jsonl"))
+    lines = [json.loads(line) for line in b"".join(jsonl.streaming_content).splitlines()]
+    assert [line["item"] for line in lines] == [first.pk, second.pk]
+    assert lines[0]["judge_score"] == 0.3 and lines[0]["human_score"] == 0.8
+    # The queue's filters apply; an unknown format is a 404 that says what to use.
+    filtered = viewer.get(url("review_export", "csv", query=f"?run={world.pk + 999}"))
+    assert b"".join(filtered.streaming_content).decode().splitlines() == [",".join(GRADE_COLUMNS)]
+    bad = viewer.get(url("review_export", "xlsx"))
+    assert bad.status_code == 404 and b"grades.csv or grades.jsonl" in bad.content
+
+
+def test_a_reviewer_undoes_the_last_grade_and_grades_again(
+    world: Run, member: Callable[..., Any]
+) -> None:
+    from datetime import timedelta as _td
+
+    from django.utils import timezone
+
+    from evaluations.models import ResultChange
+
+    reviewer = member("reviewer")
+    client = login(reviewer)
+    first, second, _ = items(world)
+    composite_before = Run.objects.get(pk=world.pk).composite
+    services.review_claim(item_id=first.pk, user=reviewer)
+    graded = client.post(
+        url("review_item", first.pk), {"verdict": "pass", "score": "1"}, HTTP_HX_REQUEST="true"
+    ).content.decode()
+    assert f"Review item #{second.pk}" in graded and 'id="review-undo"' in graded
+    assert CheckResult.objects.filter(execution=first.execution, source="human").exists()
+    assert Run.objects.get(pk=world.pk).composite != composite_before  # the grade counted
+
+    undone = client.post(url("review_item", first.pk), {"action": "undo"}, HTTP_HX_REQUEST="true")
+    assert undone.status_code == 200
+    assert f"Review item #{first.pk}" in undone.content.decode()
+    assert 'id="review-form"' in undone.content.decode()  # claimed again, to grade anew
+    assert undone["HX-Push-Url"] == url("review_item", first.pk)
+    first.refresh_from_db()
+    assert first.status == ReviewStatus.OPEN and first.claimed_by == reviewer
+    assert first.final_passed is None and not ReviewVerdict.objects.filter(item=first).exists()
+    assert not CheckResult.objects.filter(execution=first.execution, source="human").exists()
+    assert Run.objects.get(pk=world.pk).composite == composite_before  # rescored back
+    # Both changes are on record: the grade and its undoing.
+    changes = list(ResultChange.objects.filter(review_item=first).order_by("id"))
+    assert [c.after.get("source") for c in changes] == ["human", "judge"]
+
+    # Graded again, with another verdict: it counts as any grade.
+    client.post(url("review_item", first.pk), {"verdict": "fail"})
+    assert ReviewVerdict.objects.get(item=first).passed is False
+
+    # Too late: a grade older than the claim time stays.
+    ReviewVerdict.objects.filter(item=first).update(created=timezone.now() - _td(hours=2))
+    late = client.post(url("review_item", first.pk), {"action": "undo"})
+    assert late.status_code == 409 and "too late to undo" in late.content.decode()
+    # Someone who did not grade it has nothing to undo.
+    other = login(member("reviewer")).post(url("review_item", first.pk), {"action": "undo"})
+    assert other.status_code == 409 and "no grade on review item" in other.content.decode()

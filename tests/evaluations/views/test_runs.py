@@ -113,7 +113,11 @@ def test_run_list_filters_by_spec_status_label_branch_and_dates(world: World) ->
             **columns,
         ).pk
 
-    a_main = make(alpha, status=RunStatus.COMPLETED, labels={"branch": "main", "env": "ci"})
+    a_main = make(
+        alpha,
+        status=RunStatus.COMPLETED,
+        labels={"branch": "main", "env": "ci", "model": "gpt-4o", "seed": 7},
+    )
     a_feature = make(alpha, status=RunStatus.FAILED, labels={"branch": "feature/x"})
     b_old = make(beta, status=RunStatus.COMPLETED, created=now - timedelta(days=10))
     b_label = make(beta, status=RunStatus.RUNNING, labels={"env": "nightly", "a__b": "1"})
@@ -130,6 +134,11 @@ def test_run_list_filters_by_spec_status_label_branch_and_dates(world: World) ->
     assert ids(label="env=ci") == {a_main}
     assert ids(label="env=nightly") == {b_label}
     assert ids(label="a__b=1") == {b_label}  # a key with "__" stays a key
+    # The issue's URL (?label=model%3Dgpt-4o), which SQLite once read as JSON: a 500.
+    assert ids(label="model=gpt-4o") == {a_main}
+    assert ids(label="model=gpt-4") == set()
+    assert ids(label="seed=7") == {a_main}  # a number set through the API compares as text
+    assert ids(label="model=gpt-4o", branch="main", status="completed") == {a_main}
     assert ids(branch="feature/x") == {a_feature}
     assert ids(branch="main") == {a_main, world.run.pk}  # the real run has branch=main
     old_day = timezone.localdate(now - timedelta(days=10)).isoformat()
@@ -138,6 +147,33 @@ def test_run_list_filters_by_spec_status_label_branch_and_dates(world: World) ->
     assert b_old not in ids(created_from=yesterday)
     assert ids(created_to=timezone.localdate(now - timedelta(days=2)).isoformat()) == {b_old}
     assert ids(spec=beta.spec.slug, status="completed") == {b_old}
+
+
+def test_run_list_searches_by_failure_code_and_output_text(world: World) -> None:
+    """Search across runs: the real run failed says_shipped with CONTAINS_FAILED in its
+    outage scenario, and its answers say "the order tool said"; a run with neither is
+    not found."""
+    other = Run.objects.create(
+        project=world.mine, spec_version=synthetic_version(world.mine), status=RunStatus.COMPLETED
+    )
+    Execution.objects.create(run=other, scenario="no-chaos", final_output="nothing to see")
+    client = world.client("viewer")
+
+    def ids(**query: str) -> set[int]:
+        response = client.get(url("run_list", world), query)
+        assert response.status_code == 200, response.content
+        return set(listed_ids(response.content.decode()))
+
+    assert ids(failure_code="CONTAINS_FAILED") == {world.run.pk}
+    assert ids(failure_code="contains_failed") == {world.run.pk}  # codes read in any case
+    assert ids(failure_code="TIMEOUT") == set()
+    assert ids(output="ORDER TOOL SAID") == {world.run.pk}
+    assert ids(output="nothing to see") == {other.pk}
+    assert ids(output="order tool said", spec=world.run.spec.slug, branch="main") == {world.run.pk}
+    assert ids(output="order tool said", label="team=orders") == {world.run.pk}
+    refused = client.get(url("run_list", world), {"failure_code": "NOT A CODE;"})
+    assert refused.status_code == 400  # said on the page, not a 500
+    assert "a failure code is letters, digits and _" in refused.content.decode()
     assert ids(spec="no-such-spec") == set()
 
 

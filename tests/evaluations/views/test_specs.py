@@ -535,6 +535,31 @@ def test_trends_chart_every_metric_over_the_specs_runs(two_projects, client_as, 
 
 
 @pytest.mark.embedded
+def test_trend_tooltips_name_the_run_and_a_zero_cost_axis_starts_at_zero(
+    two_projects, client_as, make_run, spec_v1
+):
+    now = timezone.now()
+    first = make_run(spec_v1, created=now - timedelta(hours=2), cost_usd=0.0, branch="main")
+    second = make_run(spec_v1, created=now - timedelta(hours=1), cost_usd=0.0, branch="main")
+
+    html = client_as("viewer").get(url("spec_trends", "refund-agent")).content.decode()
+
+    cost = chart_figure(html, "trend-cost-usd")
+    go.Figure(cost)
+    # Every cost is $0: the axis runs from $0 up, never from -$1.
+    assert cost["layout"]["yaxis"]["range"] == [0, 1]
+    assert cost["layout"]["yaxis"]["rangemode"] == "nonnegative"
+    [line] = cost["data"]
+    for run, text in zip([first, second], line["text"], strict=True):
+        when = timezone.localtime(run.created).strftime("%Y-%m-%d %H:%M")
+        assert text == f"Run #{run.pk} · all branches · v1 · main · {when}"
+    assert "Cost (USD): %{y:$.4f}" in line["hovertemplate"]
+    # Lines of the invariant chart differ by dash and marker, not only by colour.
+    invariants = chart_figure(html, "trend-invariants")["data"]
+    assert len({(t["line"]["dash"], t["marker"]["symbol"]) for t in invariants}) == len(invariants)
+
+
+@pytest.mark.embedded
 def test_trends_filter_by_branch_and_label(two_projects, client_as, make_run, spec_v1):
     main = make_run(spec_v1, labels={"branch": "main", "env": "ci"})
     feature = make_run(spec_v1, labels={"branch": "feature", "env": "ci"})
