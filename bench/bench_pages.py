@@ -212,7 +212,7 @@ def _seed_history(project: Any) -> None:
         "attempt", "pillar", "mutation_type", "status", "composite", "passed", "claimed_by",
         "started", "finished", "duration_ms", "cost_usd", "input_tokens", "output_tokens",
         "tool_call_count", "tool_error_count", "final_output", "error", "plan",
-        "forbidden_violations", "created",
+        "forbidden_violations", "tool_sequence", "created",
     ]  # fmt: skip
     table = Execution._meta.db_table
     with connection.cursor() as cursor, transaction.atomic():
@@ -229,7 +229,7 @@ def _seed_history(project: Any) -> None:
                             "success", 1.0 if passed else 0.4, passed, "",
                             run.started, run.finished, rng.uniform(200, 4000),
                             rng.uniform(0.0001, 0.01), 900, 120, 3, 0,
-                            "ok " * 20, "", Jsonb({}), Jsonb([]), run.created,
+                            "ok " * 20, "", Jsonb({}), Jsonb([]), Jsonb([]), run.created,
                         )
                     )  # fmt: skip
     print(f"  {len(runs) * EXECUTIONS_PER_RUN} executions", flush=True)
@@ -331,6 +331,7 @@ def measure(requests: int) -> int:
 
 
 def main() -> int:
+    global RUNS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--database-url", default="postgresql://postgres@127.0.0.1:5432/keystone_bench"
@@ -339,10 +340,12 @@ def main() -> int:
     parser.add_argument("--reseed", action="store_true")
     parser.add_argument("--seed-only", action="store_true", help="seed, do not measure")
     parser.add_argument(
-        "--runs", type=int, default=RUNS, help="runs of 100 executions to seed (smoke: 20)"
+        "--runs",
+        type=int,
+        default=RUNS,
+        help="runs of 100 executions to seed (more than a page of the run list: > 50)",
     )
     args = parser.parse_args()
-    global RUNS
     RUNS = args.runs
     setup_django(args.database_url, fresh=args.reseed)
     seed()
