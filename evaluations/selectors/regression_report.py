@@ -14,16 +14,30 @@ import csv
 import io
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db.models.fields.json import KeyTransform
 from django.urls import reverse
 from django.utils import timezone
 
 from checks.reporters import cap_markdown
-from evaluations.models import DEFAULT_BASELINE_BRANCH, Baseline, Project, Run
-from evaluations.selectors.regressions import Regression, project_group_changes
+from evaluations.models import (
+    DEFAULT_BASELINE_BRANCH,
+    Baseline,
+    CheckResult,
+    Execution,
+    Project,
+    Run,
+)
+from evaluations.selectors.regressions import (
+    Regression,
+    cells_by_key,
+    group_passed,
+    groups_by_key,
+    project_group_changes,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +59,13 @@ class RegressionRow:
     current_counts: str = ""
     p_value: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    # Set for an invariant x scenario row; empty for a scenario x prompt group.
+    invariant: str = ""
+    # The first run of the streak in which it has not passed (of the spec's last
+    # SINCE_LOOKBACK completed runs), and up to three of the latest run's failing executions.
+    since_run_id: int | None = None
+    since_url: str = ""
+    failing_urls: list[str] = field(default_factory=list)
 
     @property
     def finished_at(self) -> datetime | None:
@@ -86,8 +107,12 @@ CSV_COLUMNS = [
     "p_value",
     "status",
     "failure_codes",
+    "invariant",
+    "since_run_id",
     "run_url",
     "compare_url",
+    "since_url",
+    "failing_urls",
 ]
 
 
@@ -113,10 +138,15 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+# How far back "since which run" looks, per spec.
+SINCE_LOOKBACK = 50
+
+
 def regression_changes(project: Project) -> tuple[list[RegressionRow], list[RegressionRow]]:
-    """(regressions, improvements) of the project now: the function issue 14's verdicts
-    replace."""
-    regressions, improvements = project_group_changes(project)
+    """(regressions, improvements) of the project now, per scenario x prompt group and per
+    invariant x scenario cell."""
+    regressions, improvements = project_group_changes(project, cells=True)
+    history = _recent_summaries(project, {r.spec_slug for r in regressions})
     runs = {
         row["id"]: row
         for row in Run.objects.filter(
@@ -143,9 +173,72 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
             current_counts=r.current_counts,
             p_value=r.p_value,
             labels={str(k): str(v) for k, v in (run["labels"] or {}).items()},
+            invariant=r.invariant,
         )
 
-    return [row(r) for r in regressions], [row(r) for r in improvements]
+    def regressed(r: Regression) -> RegressionRow:
+        since = _failing_since(r, history.get(r.spec_slug, []))
+        return replace(
+            row(r),
+            since_run_id=since,
+            since_url=reverse("run_detail", args=[project.slug, since]) if since else "",
+            failing_urls=[
+                reverse("execution_detail", args=[project.slug, pk])
+                for pk in _failing_executions(r)
+            ],
+        )
+
+    return [regressed(r) for r in regressions], [row(r) for r in improvements]
+
+
+def _recent_summaries(project: Project, specs: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """Per spec, its last completed runs, newest first: id, groups and matrix."""
+    history: dict[str, list[dict[str, Any]]] = {}
+    for spec in specs:
+        history[spec] = list(
+            Run.objects.filter(project=project, spec__slug=spec, status="completed")
+            .order_by("-finished", "-id")
+            .annotate(
+                groups=KeyTransform("groups", "summary"),
+                matrix=KeyTransform("matrix", "summary"),
+            )
+            .values("id", "groups", "matrix")[:SINCE_LOOKBACK]
+        )
+    return history
+
+
+def _failing_since(r: Regression, runs: list[dict[str, Any]]) -> int | None:
+    """The oldest run of the unbroken streak, ending at the regressed run, in which the
+    group or cell did not pass."""
+    since = None
+    for run in runs:
+        if run["id"] > r.run_id:
+            continue  # newer than the run the regression was read from
+        items = cells_by_key(run["matrix"]) if r.invariant else groups_by_key(run["groups"])
+        item = items.get(r.group)
+        if item is None or group_passed(item):
+            break
+        since = run["id"]
+    return since
+
+
+def _failing_executions(r: Regression, limit: int = 3) -> list[int]:
+    if r.invariant:
+        return list(
+            CheckResult.objects.filter(
+                run_id=r.run_id,
+                invariant_id=r.invariant,
+                execution__scenario=r.scenario,
+                passed=False,
+            )
+            .order_by("execution_id")
+            .values_list("execution_id", flat=True)
+            .distinct()[:limit]
+        )
+    executions = Execution.objects.filter(run_id=r.run_id, scenario=r.scenario, passed=False)
+    if r.prompt_index is not None:
+        executions = executions.filter(prompt_index=r.prompt_index)
+    return list(executions.order_by("id").values_list("id", flat=True)[:limit])
 
 
 def regression_rows(project: Project) -> list[RegressionRow]:
@@ -228,7 +321,12 @@ def report_csv(report: RegressionReport) -> str:
     writer.writerow(CSV_COLUMNS)
     for change, rows in (("regressed", report.rows), ("improved", report.improvements)):
         for row in rows:
-            data = {**asdict(row), "change": change, "failure_codes": " ".join(row.failure_codes)}
+            data = {
+                **asdict(row),
+                "change": change,
+                "failure_codes": " ".join(row.failure_codes),
+                "failing_urls": " ".join(row.failing_urls),
+            }
             writer.writerow([data[c] for c in CSV_COLUMNS])
     return out.getvalue()
 
@@ -246,17 +344,22 @@ def report_markdown(report: RegressionReport, *, base_url: str = "") -> str:
     if not report.rows:
         lines.append(report.empty_reason)
     else:
-        lines += [f"{len(report.rows)} regressed group(s):", ""]
+        lines += [f"{len(report.rows)} regressed group(s) and invariant(s):", ""]
         lines += [
-            "| spec | branch | group | baseline | now | codes | run |",
-            "|---|---|---|---|---|---|---|",
+            "| spec | branch | group or invariant @ scenario | baseline | now | codes | since | run |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for row in report.rows:
             codes = ", ".join(f"`{c}`" for c in row.failure_codes) or "–"
+            since = f"[#{row.since_run_id}]({base_url}{row.since_url})" if row.since_url else "–"
+            failing = "".join(
+                f" · [failing {n}]({base_url}{url})" for n, url in enumerate(row.failing_urls, 1)
+            )
             lines.append(
                 f"| {row.spec} | {row.branch or '–'} | {row.group} | {_rate(row.baseline_pass_rate)}"
-                f" | {_rate(row.current_pass_rate)} | {codes} | [#{row.run_id}]({base_url}{row.run_url})"
-                f" · [compare]({base_url}{row.compare_url}) |"
+                f" | {_rate(row.current_pass_rate)} | {codes} | {since}"
+                f" | [#{row.run_id}]({base_url}{row.run_url})"
+                f" · [compare]({base_url}{row.compare_url}){failing} |"
             )
     if report.improvements:
         improved = ", ".join(

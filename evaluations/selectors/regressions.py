@@ -40,6 +40,11 @@ class Regression:
     baseline_counts: str = ""
     current_counts: str = ""
     p_value: float | None = None
+    # Set for an invariant x scenario cell (the report's per-invariant rows); a group's
+    # scenario is read from its summary entry.
+    invariant: str = ""
+    scenario: str = ""
+    prompt_index: int | None = None
 
 
 def group_key(group: dict[str, Any]) -> str:
@@ -53,7 +58,7 @@ def group_key(group: dict[str, Any]) -> str:
     return label if pillar in ("contract", "chaos") else f"{pillar}: {label}"
 
 
-def _groups_by_key(groups: Any) -> dict[str, dict[str, Any]]:
+def groups_by_key(groups: Any) -> dict[str, dict[str, Any]]:
     if isinstance(groups, dict):
         return {str(k): {"key": str(k), **v} for k, v in groups.items() if isinstance(v, dict)}
     if isinstance(groups, list):
@@ -61,7 +66,7 @@ def _groups_by_key(groups: Any) -> dict[str, dict[str, Any]]:
     return {}
 
 
-def _group_passed(group: dict[str, Any]) -> bool:
+def group_passed(group: dict[str, Any]) -> bool:
     if "passed" in group:
         return bool(group["passed"])
     rate = _group_pass_rate(group)
@@ -97,9 +102,13 @@ def project_regressions(project: Project) -> list[Regression]:
     return project_group_changes(project)[0]
 
 
-def project_group_changes(project: Project) -> tuple[list[Regression], list[Regression]]:
+def project_group_changes(
+    project: Project, *, cells: bool = False
+) -> tuple[list[Regression], list[Regression]]:
     """(regressions, improvements): groups that passed in the active baseline and do not
-    pass in the spec's latest completed run, and groups that failed there and pass now."""
+    pass in the spec's latest completed run, and groups that failed there and pass now.
+    With `cells`, the invariant x scenario cells of the matrix too (the report's
+    per-invariant rows)."""
     baselines = list(
         Baseline.objects.filter(project=project, active=True, branch=DEFAULT_BASELINE_BRANCH)
         .annotate(latest_run_id=latest_run_subquery(RunStatus.COMPLETED))
@@ -107,10 +116,12 @@ def project_group_changes(project: Project) -> tuple[list[Regression], list[Regr
     )
     run_ids = [b["latest_run_id"] for b in baselines if b["latest_run_id"] is not None]
     current = {
-        row["id"]: row["groups"]
+        row["id"]: row
         for row in Run.objects.filter(pk__in=run_ids)
-        .annotate(groups=KeyTransform("groups", "summary"))
-        .values("id", "groups")
+        .annotate(
+            groups=KeyTransform("groups", "summary"), matrix=KeyTransform("matrix", "summary")
+        )
+        .values("id", "groups", "matrix")
     }
     regressions: list[Regression] = []
     improvements: list[Regression] = []
@@ -118,27 +129,50 @@ def project_group_changes(project: Project) -> tuple[list[Regression], list[Regr
         run_id = baseline["latest_run_id"]
         if run_id is None or run_id == baseline["run_id"]:
             continue  # nothing ran since the baseline was taken
-        before = _groups_by_key((baseline["data"] or {}).get("groups"))
-        after = _groups_by_key(current.get(run_id))
-        for key, old in before.items():
-            new = after.get(key)
-            if new is None or _group_passed(old) == _group_passed(new):
-                continue
-            changed = regressions if _group_passed(old) else improvements
-            changed.append(
-                Regression(
-                    spec_slug=baseline["spec__slug"],
-                    baseline_name=baseline["name"],
-                    run_id=run_id,
-                    group=key,
-                    baseline_pass_rate=_group_pass_rate(old),
-                    current_pass_rate=_group_pass_rate(new),
-                    current_status=str(new.get("status") or "fail"),
-                    failure_codes=[str(c) for c in new.get("failure_codes") or []],
-                    **_counts_and_p(old, new),
-                )
+        data = baseline["data"] or {}
+        pairs = [(groups_by_key(data.get("groups")), groups_by_key(current[run_id]["groups"]))]
+        if cells:
+            pairs.append(
+                (cells_by_key(data.get("matrix")), cells_by_key(current[run_id]["matrix"]))
             )
+        for before, after in pairs:
+            for key, old in before.items():
+                new = after.get(key)
+                if new is None or group_passed(old) == group_passed(new):
+                    continue
+                changed = regressions if group_passed(old) else improvements
+                changed.append(
+                    Regression(
+                        spec_slug=baseline["spec__slug"],
+                        baseline_name=baseline["name"],
+                        run_id=run_id,
+                        group=key,
+                        baseline_pass_rate=_group_pass_rate(old),
+                        current_pass_rate=_group_pass_rate(new),
+                        current_status=str(new.get("status") or "fail"),
+                        failure_codes=[str(c) for c in new.get("failure_codes") or []],
+                        invariant=str(new.get("invariant_id") or ""),
+                        scenario=str(new.get("scenario") or ""),
+                        prompt_index=new.get("prompt_index"),
+                        **_counts_and_p(old, new),
+                    )
+                )
     return regressions, improvements
+
+
+def cells_by_key(matrix: Any) -> dict[str, dict[str, Any]]:
+    """A summary's invariant x scenario cells by `invariant @ scenario`, with their result
+    counts as `c` of `n` (what the Fisher test and the pass rate read)."""
+    cells: dict[str, dict[str, Any]] = {}
+    for cell in matrix if isinstance(matrix, list) else []:
+        if not isinstance(cell, dict) or not cell.get("invariant_id"):
+            continue
+        passed, total = cell.get("results_passed"), cell.get("results_total")
+        counts = {}
+        if isinstance(passed, int) and isinstance(total, int) and total:
+            counts = {"c": passed, "n": total, "pass_rate": passed / total}
+        cells[f"{cell['invariant_id']} @ {cell.get('scenario', '')}"] = {**cell, **counts}
+    return cells
 
 
 def project_has_baseline(project: Project) -> bool:

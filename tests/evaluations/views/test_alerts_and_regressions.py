@@ -268,3 +268,78 @@ def test_improvements_are_listed_below_the_regressions(
     ]
     markdown = client.get(report_url(mine, format="md")).content.decode()
     assert f"Improved (1): triage-agent no-chaos / prompt 0 ([#{recovered.pk}]" in markdown
+
+
+def _summary(passed: bool) -> dict[str, Any]:
+    """A run summary's group and matrix cell for `no-chaos / prompt 0` and `says_refund`."""
+    group = {
+        "key": "no-chaos / prompt 0",
+        "scenario": "no-chaos",
+        "prompt_index": 0,
+        "passed": passed,
+        "pass_rate": 1.0 if passed else 0.0,
+        "status": "pass" if passed else "fail",
+        "c": 2 if passed else 0,
+        "n": 2,
+        "failure_codes": [] if passed else ["CONTAINS_FAILED"],
+    }
+    cell = {
+        "invariant_id": "says_refund",
+        "scenario": "no-chaos",
+        "passed": passed,
+        "status": "pass" if passed else "fail",
+        "results_passed": 2 if passed else 0,
+        "results_total": 2,
+        "failure_codes": [] if passed else ["CONTAINS_FAILED"],
+    }
+    return {"groups": [group], "matrix": [cell]}
+
+
+def test_each_regression_says_since_which_run_with_per_invariant_rows_and_failing_executions(
+    two_projects: Any, client_as: Any
+) -> None:
+    from evaluations.models import CheckResult, Execution
+
+    mine, client = two_projects.mine, client_as("viewer")
+    spec = spec_in(mine)
+    now = timezone.now()
+    runs = []
+    # The baseline, one more passing run, then two failing ones: it fails since the third.
+    for days, passed in ((10, True), (6, True), (4, False), (1, False)):
+        run = finished_run(spec, finished=now - timedelta(days=days), branch="main")
+        run.summary = _summary(passed)
+        run.save(update_fields=["summary"])
+        runs.append(run)
+    baseline_of(spec, runs[0], _summary(True)["groups"])
+    baseline = spec.baselines.get()
+    baseline.data = _summary(True)
+    baseline.save(update_fields=["data"])
+    latest = runs[-1]
+    failing = []
+    for replica in range(2):
+        execution = Execution.objects.create(
+            run=latest, project=mine, key=f"e{replica}", scenario="no-chaos", prompt_index=0,
+            replica=replica, passed=False,
+        )  # fmt: skip
+        CheckResult.objects.create(
+            execution=execution, run=latest, invariant_id="says_refund", check_type="contains",
+            score=0.0, passed=False,
+        )  # fmt: skip
+        failing.append(execution)
+
+    data = json.loads(client.get(report_url(mine, format="json")).content)
+    rows = {row["group"]: row for row in data["regressions"]}
+    assert set(rows) == {"no-chaos / prompt 0", "says_refund @ no-chaos"}
+    cell = rows["says_refund @ no-chaos"]
+    assert cell["invariant"] == "says_refund"
+    assert (cell["baseline_counts"], cell["current_counts"]) == ("2/2", "0/2")
+    for row in rows.values():
+        assert row["run_id"] == latest.pk
+        assert row["since_run_id"] == runs[2].pk  # the first run of the failing streak
+        assert row["failing_urls"] == [f"/p/{mine.slug}/executions/{e.pk}/" for e in failing]
+    page = client.get(report_url(mine)).content.decode()
+    assert f'href="/p/{mine.slug}/runs/{runs[2].pk}/">#{runs[2].pk}</a>' in page
+    assert page.count('class="failing-execution"') == 4
+    markdown = client.get(report_url(mine, format="md")).content.decode()
+    assert f"[#{runs[2].pk}](/p/{mine.slug}/runs/{runs[2].pk}/)" in markdown
+    assert f"[failing 1](/p/{mine.slug}/executions/{failing[0].pk}/)" in markdown
