@@ -24,7 +24,7 @@ stamp="$venv/.keystone-install-stamp"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -e '.[dev]'
+  "$venv/bin/python" -m pip install --quiet -e '.[dev,embeddings]'
   echo "$want" >"$stamp"
 fi
 

