@@ -51,6 +51,28 @@ class ApiInputError(ValueError):
         self.message = message
 
 
+class ApiConflict(Exception):
+    """A request that contradicts the state it meets (the same Idempotency-Key with another
+    body, a claim someone else holds); answered 409."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ErrorBody(Schema):
+    code: str
+    message: str
+    field: str | None = None
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorOut(Schema):
+    """The shape of every error answer (keystone_web/api.py)."""
+
+    error: ErrorBody
+
+
 class ProjectTokenAuth(HttpBearer):
     """`Authorization: Bearer ks_...`, looked up by its hash; a revoked or unknown token is
     no credential at all (401)."""
@@ -173,10 +195,6 @@ class RunCreateIn(Schema):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-class ConflictOut(Schema):
-    detail: str
-
-
 class RunCreatedOut(Schema):
     id: int
     status: str
@@ -186,12 +204,12 @@ class RunCreatedOut(Schema):
 
 @router.post(
     "/projects/{slug}/specs/{spec_slug}/runs",
-    response={202: RunCreatedOut, 409: ConflictOut},
+    response={202: RunCreatedOut, 409: ErrorOut},
     url_name="spec_runs",
 )
 def run_start(
     request: HttpRequest, slug: str, spec_slug: str, payload: RunCreateIn
-) -> Status[RunCreatedOut] | Status[ConflictOut]:
+) -> Status[RunCreatedOut]:
     """Queue a run of the spec's latest version (or `version`); workers execute it. With an
     `Idempotency-Key` header a retried request gets the run the first one made, never a
     second run; the same key with another body is a 409."""
@@ -222,7 +240,7 @@ def run_start(
             request_digest=digest if key else "",
         )
     except services.IdempotencyConflict as exc:
-        return Status(409, ConflictOut(detail=str(exc)))
+        raise ApiConflict(str(exc), field="Idempotency-Key") from None
     except policy.PolicyError as exc:  # more executions than this server allows
         raise ApiInputError("replicas", str(exc)) from None
     except ValueError as exc:  # an unknown scenario name

@@ -38,7 +38,7 @@ def test_a_ci_job_reads_the_regressions(project: Project, bearer: Any) -> None:
     markdown = client.get(f"/api/projects/{project.slug}/regressions?format=md", **headers)
     assert markdown["Content-Type"].startswith("text/markdown")
     refused = client.get(f"/api/projects/{project.slug}/regressions?since=soon", **headers)
-    assert refused.status_code == 422 and refused.json()["errors"][0]["path"] == "since"
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "since"
 
 
 def test_an_admin_token_creates_lists_and_deletes_rules(project: Project, bearer: Any) -> None:
@@ -82,8 +82,8 @@ def test_a_bad_rule_is_a_422_naming_the_field(
         **bearer("admin"),
     )
     assert answer.status_code == 422
-    (error,) = answer.json()["errors"]
-    assert error["path"] == path and named in error["message"]
+    error = answer.json()["error"]
+    assert error["field"] == path and named in error["message"]
 
 
 def test_only_admins_create_rules(project: Project, bearer: Any) -> None:
