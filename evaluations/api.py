@@ -91,7 +91,8 @@ class BrowserSession(SessionAuth):
         return super().__call__(request)
 
 
-router = Router(tags=["evaluations"], auth=[ProjectTokenAuth(), BrowserSession()])
+AUTH = [ProjectTokenAuth(), BrowserSession()]
+router = Router(tags=["evaluations"], auth=AUTH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,18 +224,51 @@ def run_start(
         version = selectors.spec_latest_version(spec)
         if version is None:
             raise ApiInputError("version", f"{spec.slug} has no version to run")
+    return _run_queue(request, caller, version, payload)
+
+
+class RunInlineIn(Schema):
+    source_yaml: str
+    replicas: int | None = Field(default=None, ge=1, le=RUN_REPLICAS_MAX)
+    scenarios: list[str] | None = None
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="e.g. git_sha, branch, pr (any key=value)"
+    )
+
+
+@router.post(
+    "/projects/{slug}/runs", response={202: RunCreatedOut, 409: ErrorOut}, url_name="runs_inline"
+)
+def run_start_inline(
+    request: HttpRequest, slug: str, payload: RunInlineIn
+) -> Status[RunCreatedOut]:
+    """Store the spec text given (as POST .../specs does: the same text is the same version)
+    and queue a run of it, with the same overrides, labels and Idempotency-Key as above."""
+    caller = _caller(request, slug, Role.EDITOR)
+    version = services.spec_version_create(
+        project=caller.project,
+        source_yaml=payload.source_yaml.replace("\r\n", "\n"),
+        author=caller.user,
+    )
+    return _run_queue(request, caller, version, payload)
+
+
+def _run_queue(
+    request: HttpRequest, caller: Caller, version: SpecVersion, payload: Schema
+) -> Status[RunCreatedOut]:
+    options = payload.dict()
     key = request.headers.get("Idempotency-Key", "").strip()
     # What the request asks for: the same key with another body is a conflict, not a replay.
     digest = hashlib.sha256(
-        json.dumps([version.pk, payload.dict()], sort_keys=True, default=str).encode()
+        json.dumps([version.pk, options], sort_keys=True, default=str).encode()
     ).hexdigest()
     try:
         run = services.run_create(
             spec_version=version,
             trigger=Trigger.API,
-            labels=payload.labels,
-            replicas=payload.replicas,
-            scenarios=payload.scenarios or None,
+            labels=options["labels"],
+            replicas=options["replicas"],
+            scenarios=options["scenarios"] or None,
             created_by=caller.user,
             idempotency_key=key[:200],
             request_digest=digest if key else "",
@@ -245,13 +279,16 @@ def run_start(
         raise ApiInputError("replicas", str(exc)) from None
     except ValueError as exc:  # an unknown scenario name
         raise ApiInputError("scenarios", str(exc)) from None
-    out = RunCreatedOut(
+    return Status(202, run_created_out(request, run))
+
+
+def run_created_out(request: HttpRequest, run: Run) -> RunCreatedOut:
+    return RunCreatedOut(
         id=run.pk,
         status=run.status,
         url=_run_api_url(request, run),
         web_url=_run_web_url(request, run),
     )
-    return Status(202, out)
 
 
 # --- Runs ---------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationEr
 from checks.spec import SpecValidationError
 from evaluations.api import ApiConflict, ApiInputError
 from evaluations.api import router as evaluations_router
+from evaluations.api_runs import run_events  # noqa: F401 (its routes join the router)
+from evaluations.api_specs import spec_validate  # noqa: F401 (its routes join the router)
 
 api = NinjaAPI(
     title="Keystone API",
@@ -83,11 +85,11 @@ def request_invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
         {"field": _field_of(error.get("loc")), "message": str(error.get("msg", ""))}
         for error in exc.errors
     ]
-    first = details[0] if details else {"field": None, "message": "invalid request"}
-    message = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
-    return error_response(
-        request, 422, message, code="invalid", field=first["field"], details=details
-    )
+    field = details[0]["field"] if details else None
+    message = str(details[0]["message"]) if details else "invalid request"
+    if field:
+        message = f"{field}: {message}"
+    return error_response(request, 422, message, code="invalid", field=field, details=details)
 
 
 @api.exception_handler(Throttled)
@@ -135,11 +137,12 @@ def spec_invalid(request: HttpRequest, exc: SpecValidationError) -> HttpResponse
         for e in exc.errors
     ]
     count = f"{len(details)} error{'s' if len(details) != 1 else ''}"
-    first = details[0] if details else None
-    message = f"the spec is invalid ({count})" + (
-        f"; first: {first['path'] or '(root)'}: {first['message']}" if first else ""
-    )
-    field = (first["path"] or None) if first else None
+    message = f"the spec is invalid ({count})"
+    field = None
+    if exc.errors:
+        first = exc.errors[0]
+        message += f"; first: {first.path or '(root)'}: {first.message}"
+        field = first.path or None
     return error_response(request, 422, message, code="spec_invalid", field=field, details=details)
 
 
