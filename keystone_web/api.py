@@ -21,6 +21,7 @@ from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationEr
 from checks.spec import SpecValidationError
 from evaluations.api import ApiConflict, ApiInputError
 from evaluations.api import router as evaluations_router
+from evaluations.api_reviews import review_list  # noqa: F401 (its routes join the router)
 from evaluations.api_runs import run_events  # noqa: F401 (its routes join the router)
 from evaluations.api_specs import spec_validate  # noqa: F401 (its routes join the router)
 
