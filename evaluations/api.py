@@ -1,7 +1,10 @@
 """The evaluations router of the API, mounted at /api/ by keystone_web/api.py.
 
-Machines (CI jobs) send `Authorization: Bearer ks_...`: a token belongs to one project and
-acts there with its user's role, nowhere else. The browser uses its session (with CSRF).
+Machines (CI jobs) send `Authorization: Bearer ks_...`: a project token acts in its project
+only, a personal token in every project of its user; either with its user's role there and
+only within its scopes (read, run, review, admin), and at most
+KEYSTONE_API_TOKEN_RATE_PER_MINUTE requests a minute (429 with Retry-After beyond). The
+browser uses its session (with CSRF).
 Like the dashboard, someone outside a project gets a 404 for anything in it and a member
 whose role is too low gets a 403.
 """
@@ -10,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from django.conf import settings
+from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse
@@ -23,6 +28,7 @@ from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 from ninja.security import HttpBearer, SessionAuth
+from ninja.throttling import BaseThrottle
 
 from checks import reporters
 from evaluations import policy, selectors, services
@@ -35,6 +41,7 @@ from evaluations.models import (
     RunStatus,
     Spec,
     SpecVersion,
+    TokenScope,
     Trigger,
 )
 
@@ -81,6 +88,32 @@ class ProjectTokenAuth(HttpBearer):
         return ApiToken.find_active(token)
 
 
+class TokenRateThrottle(BaseThrottle):
+    """At most KEYSTONE_API_TOKEN_RATE_PER_MINUTE requests per token and clock minute: a
+    fixed window counted with the cache's atomic increment, so concurrent requests cannot
+    both slip under the limit. Sessions are not limited here."""
+
+    def allow_request(self, request: HttpRequest) -> bool:
+        token = getattr(request, "auth", None)
+        limit = settings.KEYSTONE_API_TOKEN_RATE_PER_MINUTE
+        if not isinstance(token, ApiToken) or limit <= 0:
+            return True
+        now = time.time()
+        window = int(now // 60)
+        key = f"keystone:api-rate:{token.pk}:{window}"
+        cache.add(key, 0, timeout=120)
+        try:
+            count = cache.incr(key)
+        except ValueError:  # expired between add and incr: this request opens the window
+            cache.set(key, 1, timeout=120)
+            count = 1
+        return count <= limit
+
+    def wait(self) -> float | None:
+        # Until the next window (one instance serves every request: no state kept here).
+        return 60 - (time.time() % 60)
+
+
 class BrowserSession(SessionAuth):
     """The signed-in person (with Django's CSRF check), but never for a request that brings
     a token: a revoked or unknown token is a 401, not a session that fails its CSRF check."""
@@ -104,22 +137,39 @@ class Caller:
     role: Role
 
 
+# The scope a token needs for an action that needs this role: reading, running (specs and
+# runs), reviewing, administering. A token acts within its scopes AND its user's role.
+SCOPE_FOR_ROLE = {
+    Role.VIEWER: TokenScope.READ,
+    Role.REVIEWER: TokenScope.REVIEW,
+    Role.EDITOR: TokenScope.RUN,
+    Role.ADMIN: TokenScope.ADMIN,
+}
+
+
+def require_scope(credential: Any, scope: str) -> None:
+    """A token without `scope` is refused (403); a browser session has every scope."""
+    if isinstance(credential, ApiToken) and scope not in (credential.scopes or []):
+        raise PermissionDenied(f"This token lacks the {str(scope)!r} scope.")
+
+
 def _caller(request: HttpRequest, slug: str, minimum: Role) -> Caller:
     credential = request.auth  # type: ignore[attr-defined]
     user: Any
-    if isinstance(credential, ApiToken):
-        # A token reaches its own project only: another project is as unknown as a missing one.
+    if isinstance(credential, ApiToken) and credential.project is not None:
+        # A project token reaches its own project only: another is as unknown as a missing one.
         if credential.project.slug != slug:
             raise Http404("No such project.")
         project, user = credential.project, credential.user
-    else:
+    else:  # a personal token or a session: the person's projects
         project = get_object_or_404(Project, slug=slug)
-        user = request.user
+        user = credential.user if isinstance(credential, ApiToken) else request.user
     role = project.role_of(user)
     if role is None:
         raise Http404("No such project.")
     if ROLE_RANK[role] < ROLE_RANK[minimum]:
         raise PermissionDenied(f"This needs the {minimum.label.lower()} role in {project.slug}.")
+    require_scope(credential, SCOPE_FOR_ROLE[minimum])
     return Caller(project=project, user=user, role=role)
 
 

@@ -19,11 +19,12 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 
 from checks.spec import SpecValidationError
-from evaluations.api import ApiConflict, ApiInputError
+from evaluations.api import ApiConflict, ApiInputError, TokenRateThrottle
 from evaluations.api import router as evaluations_router
 from evaluations.api_reviews import review_list  # noqa: F401 (its routes join the router)
 from evaluations.api_runs import run_events  # noqa: F401 (its routes join the router)
 from evaluations.api_specs import spec_validate  # noqa: F401 (its routes join the router)
+from evaluations.api_tokens import token_list  # noqa: F401 (its routes join the router)
 
 api = NinjaAPI(
     title="Keystone API",
@@ -31,6 +32,7 @@ api = NinjaAPI(
     description="Specs, runs, executions and results of Keystone. Every error answers "
     '`{"error": {"code", "message", "field"}}`.',
     urls_namespace="api",
+    throttle=[TokenRateThrottle()],
 )
 api.add_router("/", evaluations_router)
 
