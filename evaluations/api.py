@@ -239,11 +239,20 @@ def spec_upload(request: HttpRequest, slug: str, payload: SpecUploadIn) -> Statu
     return Status(201 if created else 200, out)
 
 
-class RunCreateIn(Schema):
-    version: int | None = None
+class RunOptionsIn(Schema):
+    """What a run may change of its spec version, as `keystone run`'s flags do."""
+
     replicas: int | None = Field(default=None, ge=1, le=RUN_REPLICAS_MAX)
     scenarios: list[str] | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="e.g. git_sha, branch, pr (any key=value)"
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="for faults and mutations")
+    judge_cache: bool = Field(default=True, description="false: ask the judge again")
+
+
+class RunCreateIn(RunOptionsIn):
+    version: int | None = None
 
 
 class RunCreatedOut(Schema):
@@ -277,13 +286,8 @@ def run_start(
     return _run_queue(request, caller, version, payload)
 
 
-class RunInlineIn(Schema):
+class RunInlineIn(RunOptionsIn):
     source_yaml: str
-    replicas: int | None = Field(default=None, ge=1, le=RUN_REPLICAS_MAX)
-    scenarios: list[str] | None = None
-    labels: dict[str, str] = Field(
-        default_factory=dict, description="e.g. git_sha, branch, pr (any key=value)"
-    )
 
 
 @router.post(
@@ -304,7 +308,7 @@ def run_start_inline(
 
 
 def _run_queue(
-    request: HttpRequest, caller: Caller, version: SpecVersion, payload: Schema
+    request: HttpRequest, caller: Caller, version: SpecVersion, payload: RunOptionsIn
 ) -> Status[RunCreatedOut]:
     options = payload.dict()
     key = request.headers.get("Idempotency-Key", "").strip()
@@ -319,6 +323,8 @@ def _run_queue(
             labels=options["labels"],
             replicas=options["replicas"],
             scenarios=options["scenarios"] or None,
+            seed=options["seed"],
+            judge_cache=options["judge_cache"],
             created_by=caller.user,
             idempotency_key=key[:200],
             request_digest=digest if key else "",
