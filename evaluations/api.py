@@ -16,7 +16,7 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
 from django.core.cache import cache
@@ -46,6 +46,10 @@ from evaluations.models import (
 )
 
 RUN_REPLICAS_MAX = 100
+# Row ids and numbers the API takes: larger ones are no row, and some databases cannot even
+# compare them (SQLite overflows), so they are refused as input (422 naming the field).
+ROW_ID_MAX = 2**63 - 1
+RowId = Annotated[int, Field(ge=1, le=ROW_ID_MAX)]
 
 
 class ApiInputError(ValueError):
@@ -252,7 +256,7 @@ class RunOptionsIn(Schema):
 
 
 class RunCreateIn(RunOptionsIn):
-    version: int | None = None
+    version: RowId | None = None
 
 
 class RunCreatedOut(Schema):
@@ -437,7 +441,7 @@ class RunDetailOut(RunOut):
 
 
 @router.get("/projects/{slug}/runs/{run_id}", response=RunDetailOut, url_name="run_detail")
-def run_detail(request: HttpRequest, slug: str, run_id: int) -> RunDetailOut:
+def run_detail(request: HttpRequest, slug: str, run_id: RowId) -> RunDetailOut:
     """One run: its scores, gates and pillar scores once finalised, and its progress."""
     caller = _caller(request, slug, Role.VIEWER)
     found = selectors.run_for_page(caller.project, run_id)
@@ -474,7 +478,7 @@ REPORT_FORMATS = {
 def run_report(
     request: HttpRequest,
     slug: str,
-    run_id: int,
+    run_id: RowId,
     format: Literal["json", "junit", "md"] = "json",  # noqa: A002 (the query parameter's name)
 ) -> HttpResponse:
     """The run's report as `keystone run` writes it, scored from the stored results."""
@@ -492,7 +496,7 @@ class RunCancelOut(Schema):
 @router.post(
     "/projects/{slug}/runs/{run_id}/cancel", response={202: RunCancelOut}, url_name="run_cancel"
 )
-def run_cancel(request: HttpRequest, slug: str, run_id: int) -> Status[RunCancelOut]:
+def run_cancel(request: HttpRequest, slug: str, run_id: RowId) -> Status[RunCancelOut]:
     """Stop the run (nothing pending starts); a run that had ended keeps its status."""
     caller = _caller(request, slug, Role.EDITOR)
     run = _run(caller, run_id)
@@ -602,7 +606,7 @@ def alert_rule_create(
 
 
 @router.delete("/projects/{slug}/alert-rules/{rule_id}", response={204: None})
-def alert_rule_delete(request: HttpRequest, slug: str, rule_id: int) -> Status[None]:
+def alert_rule_delete(request: HttpRequest, slug: str, rule_id: RowId) -> Status[None]:
     caller = _caller(request, slug, Role.ADMIN)
     if not caller.project.alert_rules.filter(pk=rule_id).exists():
         raise Http404("No such alert rule in this project.")

@@ -13,7 +13,7 @@ from django.http import Http404, HttpRequest
 from ninja import Field, Query, Schema, Status
 
 from evaluations import selectors, services
-from evaluations.api import ApiConflict, ApiInputError, Caller, ErrorOut, _caller, router
+from evaluations.api import ApiConflict, ApiInputError, Caller, ErrorOut, RowId, _caller, router
 from evaluations.models import ReviewItem, ReviewStatus, Role
 from evaluations.selectors import ReviewFilters
 
@@ -21,7 +21,7 @@ from evaluations.selectors import ReviewFilters
 class ReviewQuery(Schema):
     status: str = Field(default=ReviewStatus.OPEN, description="open, adjudication or complete")
     spec: str = ""
-    run: int | None = None
+    run: RowId | None = None
     criteria: str = Field(default="", description="an invariant id")
 
 
@@ -168,7 +168,7 @@ def review_list(request: HttpRequest, slug: str, query: Query[ReviewQuery]) -> R
 
 class ReviewNextIn(Schema):
     spec: str = ""
-    run: int | None = None
+    run: RowId | None = None
     criteria: str = ""
 
 
@@ -194,7 +194,7 @@ def review_next(
 @router.get(
     "/projects/{slug}/reviews/{item_id}", response=ReviewItemDetailOut, url_name="review_item"
 )
-def review_item(request: HttpRequest, slug: str, item_id: int) -> ReviewItemDetailOut:
+def review_item(request: HttpRequest, slug: str, item_id: RowId) -> ReviewItemDetailOut:
     """One item: what was judged, the criteria and rubric, and the judge's verdict unless
     the review is blind and you have not graded it yet."""
     caller = _caller(request, slug, Role.VIEWER)
@@ -206,7 +206,7 @@ def review_item(request: HttpRequest, slug: str, item_id: int) -> ReviewItemDeta
     response={200: ReviewItemDetailOut, 409: ErrorOut},
     url_name="review_claim",
 )
-def review_claim(request: HttpRequest, slug: str, item_id: int) -> ReviewItemDetailOut:
+def review_claim(request: HttpRequest, slug: str, item_id: RowId) -> ReviewItemDetailOut:
     """Lock the item for you until the claim expires (claiming again renews it); 409 when
     someone else holds it, it is closed, or you graded it already."""
     caller = _caller(request, slug, Role.REVIEWER)
@@ -221,7 +221,7 @@ def review_claim(request: HttpRequest, slug: str, item_id: int) -> ReviewItemDet
 @router.post(
     "/projects/{slug}/reviews/{item_id}/release", response={204: None}, url_name="review_release"
 )
-def review_release(request: HttpRequest, slug: str, item_id: int) -> Status[None]:
+def review_release(request: HttpRequest, slug: str, item_id: RowId) -> Status[None]:
     """Give your claim back to the queue (someone else's claim is left as it is)."""
     caller = _caller(request, slug, Role.REVIEWER)
     item = _item(caller, item_id)
@@ -246,7 +246,7 @@ class SubmissionOut(Schema):
     url_name="review_verdict",
 )
 def review_verdict(
-    request: HttpRequest, slug: str, item_id: int, payload: VerdictIn
+    request: HttpRequest, slug: str, item_id: RowId, payload: VerdictIn
 ) -> Status[SubmissionOut]:
     """Grade the item. Refused (409) when someone else's claim is live, the item is closed
     or you graded it already; a bad score or note is a 422 naming the field."""

@@ -21,6 +21,7 @@ from evaluations.api import (
     ApiConflict,
     ApiInputError,
     ErrorOut,
+    RowId,
     RunCreatedOut,
     _caller,
     _run,
@@ -159,7 +160,7 @@ def _cursor(token: str) -> int | None:
     "/projects/{slug}/runs/{run_id}/executions", response=ExecutionListOut, url_name="executions"
 )
 def execution_list(
-    request: HttpRequest, slug: str, run_id: int, query: Query[ExecutionListQuery]
+    request: HttpRequest, slug: str, run_id: RowId, query: Query[ExecutionListQuery]
 ) -> ExecutionListOut:
     """The run's executions in id order, a page at a time (pass `next_cursor` back as
     `cursor`); filter by status, scenario, or `failed=true` for those that failed or erred."""
@@ -193,7 +194,7 @@ def _execution(caller: Any, execution_id: int) -> Execution:
     response=ExecutionDetailOut,
     url_name="execution_detail",
 )
-def execution_detail(request: HttpRequest, slug: str, execution_id: int) -> ExecutionDetailOut:
+def execution_detail(request: HttpRequest, slug: str, execution_id: RowId) -> ExecutionDetailOut:
     """One execution with every check result (each source: engine, judge, human) and its
     artifacts, each with a download URL."""
     caller = _caller(request, slug, Role.VIEWER)
@@ -253,7 +254,7 @@ def artifact_content_type(artifact: Artifact) -> str:
     url_name="artifact_download",
 )
 def artifact_download(
-    request: HttpRequest, slug: str, execution_id: int, artifact_id: int
+    request: HttpRequest, slug: str, execution_id: RowId, artifact_id: RowId
 ) -> FileResponse:
     """The artifact's bytes, streamed as an attachment, with the content type of its kind
     (text for stdout and stderr, JSON for traces, logs and diffs, by name for files)."""
@@ -279,7 +280,7 @@ def artifact_download(
     response={202: RunCreatedOut, 409: ErrorOut},
     url_name="run_rerun_failed",
 )
-def run_rerun_failed(request: HttpRequest, slug: str, run_id: int) -> Status[RunCreatedOut]:
+def run_rerun_failed(request: HttpRequest, slug: str, run_id: RowId) -> Status[RunCreatedOut]:
     """A new run of the failed (scenario x prompt) groups of a completed run, every replica
     of each; 409 when the run has not completed or nothing failed."""
     caller = _caller(request, slug, Role.EDITOR)
@@ -370,7 +371,7 @@ def run_events_stream(
 def run_events(
     request: HttpRequest,
     slug: str,
-    run_id: int,
+    run_id: RowId,
     timeout: float = Query(600.0, ge=0, le=EVENTS_TIMEOUT_MAX),
     interval: float = Query(1.0, ge=0.1, le=30.0),
 ) -> StreamingHttpResponse:

@@ -12,7 +12,7 @@ from ninja import Field, Query, Schema
 
 from checks.spec import validate_spec_text
 from evaluations import policy, selectors
-from evaluations.api import ApiInputError, _caller, router
+from evaluations.api import ApiInputError, RowId, _caller, router
 from evaluations.models import Role, Spec, SpecVersion
 from evaluations.views.specs import unified_diff
 
@@ -121,7 +121,7 @@ class SpecVersionDetailOut(SpecVersionOut):
     url_name="spec_version",
 )
 def spec_version(
-    request: HttpRequest, slug: str, spec_slug: str, number: int
+    request: HttpRequest, slug: str, spec_slug: str, number: RowId
 ) -> SpecVersionDetailOut:
     """One version: its YAML as uploaded and its parsed form (what runs are planned from)."""
     caller = _caller(request, slug, Role.VIEWER)
@@ -146,8 +146,8 @@ def spec_version(
 
 
 class SpecDiffQuery(Schema):
-    a: int = Field(description="the older version")
-    b: int = Field(description="the newer version")
+    a: RowId = Field(description="the older version")
+    b: RowId = Field(description="the newer version")
 
 
 class SpecDiffOut(Schema):

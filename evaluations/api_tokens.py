@@ -17,7 +17,7 @@ from django.http import Http404, HttpRequest
 from ninja import Field, Schema, Status
 
 from evaluations import selectors, services
-from evaluations.api import ApiInputError, ErrorOut, _caller, require_scope, router
+from evaluations.api import ApiInputError, ErrorOut, RowId, _caller, require_scope, router
 from evaluations.models import ApiToken, Role, TokenScope
 
 
@@ -112,7 +112,7 @@ def token_create(request: HttpRequest, payload: TokenIn) -> Status[TokenCreatedO
 
 
 @router.delete("/tokens/{token_id}", response={204: None}, url_name="token_revoke")
-def token_revoke(request: HttpRequest, token_id: int) -> Status[None]:
+def token_revoke(request: HttpRequest, token_id: RowId) -> Status[None]:
     """Revoke one of your personal tokens; it stops working at once."""
     user = _person(request)
     try:
@@ -169,7 +169,7 @@ def project_token_create(
 @router.delete(
     "/projects/{slug}/tokens/{token_id}", response={204: None}, url_name="project_token_revoke"
 )
-def project_token_revoke(request: HttpRequest, slug: str, token_id: int) -> Status[None]:
+def project_token_revoke(request: HttpRequest, slug: str, token_id: RowId) -> Status[None]:
     caller = _caller(request, slug, Role.ADMIN)
     try:
         services.token_revoke(project=caller.project, token_id=token_id)

@@ -26,7 +26,44 @@ from evaluations.api_runs import run_events  # noqa: F401 (its routes join the r
 from evaluations.api_specs import spec_validate  # noqa: F401 (its routes join the router)
 from evaluations.api_tokens import token_list  # noqa: F401 (its routes join the router)
 
-api = NinjaAPI(
+# The one error shape (error_response below), as JSON Schema for the OpenAPI document.
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "field"],
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "field": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "details": {"type": "array", "items": {"type": "object"}},
+            },
+        }
+    },
+}
+
+
+class KeystoneAPI(NinjaAPI):
+    """The schema says what the handlers below guarantee: any operation may answer an error
+    in the one shape, so each lists those statuses with that shape."""
+
+    def get_openapi_schema(self, *args: Any, **kwargs: Any) -> Any:
+        schema = super().get_openapi_schema(*args, **kwargs)
+        error = {
+            "description": 'an error: {"error": {code, message, field}}',
+            "content": {"application/json": {"schema": ERROR_SCHEMA}},
+        }
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                for status in ERROR_STATUSES:
+                    responses.setdefault(str(status), error)
+        return schema
+
+
+api = KeystoneAPI(
     title="Keystone API",
     version="1",
     description="Specs, runs, executions and results of Keystone. Every error answers "
@@ -36,6 +73,8 @@ api = NinjaAPI(
 )
 api.add_router("/", evaluations_router)
 
+# Statuses every operation may answer with an error (401 only with auth, 429 with a token).
+ERROR_STATUSES = (400, 401, 403, 404, 409, 422, 429)
 # The code of an error answered with only a status (ninja's own HttpErrors).
 STATUS_CODES = {
     400: "bad_request",
