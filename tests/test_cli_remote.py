@@ -1,12 +1,15 @@
 """Issue 16, item 5: `keystone run SPEC --remote URL --token T` against a live server
-process: `keystone serve` in a subprocess (the embedded worker beside it, its own SQLite
-database in a temporary KEYSTONE_HOME). The CLI uploads the spec, starts the run on the
-server's worker, follows its events, writes the reports, exits with the run's exit code;
-SIGINT cancels the run on the server."""
+process: `keystone serve` in a subprocess with its own SQLite database in a temporary
+KEYSTONE_HOME, its runs executed either by the embedded worker beside it or by a real Celery
+worker process (`keystone worker` on a Redis of this test session). The CLI uploads the
+spec, starts the run on the server's worker, follows its events, writes the reports, exits
+with the run's exit code; SIGINT cancels the run on the server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -56,6 +59,10 @@ class Server:
     env: dict[str, str]
     log: Path
 
+    def logs(self) -> str:
+        """The server's log, and the Celery worker's when there is one."""
+        return "\n".join(path.read_text() for path in sorted(self.log.parent.glob("*.log")))
+
     def api(self, path: str) -> dict:  # type: ignore[type-arg]
         request = urllib.request.Request(
             f"{self.url}/api/projects/default{path}",
@@ -71,9 +78,31 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    env = embedded_env(tmp_path / "home", NO_COLOR="1")
+@pytest.fixture(params=["embedded", "celery"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    env = embedded_env(tmp_path / "home", NO_COLOR="1", KEYSTONE_EXECUTION_LEASE_SECONDS="6")
+    with contextlib.ExitStack() as stack:
+        if request.param == "celery":
+            env["CELERY_BROKER_URL"] = stack.enter_context(_claimed_broker(request))
+        yield from _serve(env, tmp_path, stack, celery=request.param == "celery")
+
+
+@contextlib.contextmanager
+def _claimed_broker(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A Redis database of this session's Redis that no other test is using."""
+    from tests.evaluations.test_celery_workers import _claim_redis_database
+
+    client, url = _claim_redis_database(request.getfixturevalue("test_redis_url"))
+    try:
+        yield url
+    finally:
+        client.flushdb()  # the lock key too: the database is free again
+        client.close()
+
+
+def _serve(
+    env: dict[str, str], tmp_path: Path, stack: contextlib.ExitStack, *, celery: bool
+) -> Iterator[Server]:
     token = (
         subprocess.run(
             [sys.executable, "-c", SETUP],
@@ -89,6 +118,18 @@ def server(tmp_path: Path) -> Iterator[Server]:
     )
     port = _free_port()
     log = tmp_path / "serve.log"
+    if celery:
+        worker_log = tmp_path / "worker.log"
+        with worker_log.open("wb") as out:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "evaluations.cli", "worker", "--concurrency", "1"],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Celery's pool children go with it
+            )
+        stack.callback(_stop_group, worker)
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "evaluations.cli", "serve", "--port", str(port)],
@@ -111,6 +152,16 @@ def server(tmp_path: Path) -> Iterator[Server]:
         yield Server(url=url, token=token, env=env, log=log)
     finally:
         process.terminate()
+        process.wait(timeout=30)
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
 
 
@@ -142,7 +193,7 @@ def test_a_passing_and_a_failing_run_on_the_server(server: Server, tmp_path: Pat
         env=_client_env(server),
         timeout=180,
     )
-    assert done.returncode == 0, done.stdout + done.stderr + server.log.read_text()
+    assert done.returncode == 0, done.stdout + done.stderr + server.logs()
     assert "execution 2/2" in done.stdout
     run_id = int(done.stdout.split("run ", 1)[1].split()[0])
     suite = ET.parse(junit).getroot()
@@ -165,7 +216,7 @@ def test_a_passing_and_a_failing_run_on_the_server(server: Server, tmp_path: Pat
         env=_client_env(server, KEYSTONE_URL=server.url, KEYSTONE_TOKEN=server.token),
         timeout=180,
     )
-    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert failed.returncode == 1, failed.stdout + failed.stderr + server.logs()
     assert 'failures="0"' not in junit.read_text()
 
 
