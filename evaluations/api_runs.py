@@ -391,3 +391,40 @@ def run_events(
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass events on as they come
     return response
+
+
+# --- Comparison -------------------------------------------------------------------------------
+
+
+class CompareOut(Schema):
+    before: int
+    after: int
+    alpha: float
+    regressed: bool
+    cells: list[dict[str, Any]]  # per cell: counts before and after, p-value, verdict
+
+
+@router.get("/projects/{slug}/runs/{run_id}/compare", response=CompareOut, url_name="run_compare")
+def run_compare(
+    request: HttpRequest,
+    slug: str,
+    run_id: RowId,
+    against: str = Query("baseline", description="'baseline' (the spec's active one) or a run id"),
+    alpha: float = Query(0.05, gt=0, lt=1),
+) -> CompareOut:
+    """The run against its spec's active baseline or another run of the spec, as `keystone
+    compare` says it: each cell's verdict by Fisher's exact test, and whether any regressed."""
+    from evaluations.selectors.compare import (
+        ComparisonRefused,
+        comparison_reference,
+        run_comparison,
+    )
+
+    caller = _caller(request, slug, Role.VIEWER)
+    after = _run(caller, run_id)
+    try:
+        before = comparison_reference(after, against)
+    except ComparisonRefused as exc:
+        raise ApiInputError("against", str(exc)) from None
+    comparison = run_comparison(before, after, alpha=alpha)
+    return CompareOut(before=before.pk, after=after.pk, **comparison.to_dict())

@@ -73,6 +73,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("post", f"{P}/runs/{{run_id}}/rerun-failed"): Rule(Role.EDITOR, {}, allowed=(202, 409)),
     ("get", f"{P}/runs/{{run_id}}/events"): Rule(Role.VIEWER, query={"timeout": 0}),
     ("get", f"{P}/runs/{{run_id}}/executions"): Rule(Role.VIEWER),
+    ("get", f"{P}/runs/{{run_id}}/compare"): Rule(Role.VIEWER, query={"against": "{run_id}"}),
     ("get", f"{P}/executions/{{execution_id}}"): Rule(Role.VIEWER),
     ("get", f"{P}/executions/{{execution_id}}/artifacts/{{artifact_id}}"): Rule(Role.VIEWER),
     ("get", f"{P}/regressions"): Rule(Role.VIEWER),
@@ -203,6 +204,8 @@ def _refused(response: Any, status: int, what: str) -> None:
 def test_route_checks_role_scope_and_project(method: str, path: str, world: World) -> None:
     rule = RULES[(method, path)]
     url = path.format(**world.ids)
+    query = {k: v.format(**world.ids) if isinstance(v, str) else v for k, v in rule.query.items()}
+    rule = Rule(rule.needs, rule.body, query, rule.allowed)
     if rule.needs == PUBLIC:
         assert _call(rule, method, url, None).status_code in rule.allowed
         return

@@ -286,3 +286,29 @@ def test_a_run_from_inline_yaml_with_labels(project: Project, bearer: Any) -> No
     )
     assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "spec_invalid"
     assert Run.objects.count() == 1
+
+
+def test_compare_two_runs_as_keystone_compare_does(
+    finished_run: Run, project: Project, bearer: Any, tmp_path: Path
+) -> None:
+    from evaluations.selectors.compare import run_comparison
+
+    headers = bearer("viewer")
+    fixed = run_spec(project, SPEC.replace("|| echo hello", "; echo hello"), spec_dir=tmp_path)
+    url = f"/api/projects/demo/runs/{fixed.pk}/compare"
+    answer = _get(url, headers, against=str(finished_run.pk))
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    expected = run_comparison(finished_run, fixed).to_dict()
+    assert body == {"before": finished_run.pk, "after": fixed.pk, **expected}
+    quiet = [cell for cell in body["cells"] if "quiet" in json.dumps(cell)]
+    assert quiet and all(cell["after_passed"] == cell["after_total"] for cell in quiet)
+
+    no_baseline = _get(url, headers)
+    assert no_baseline.status_code == 422 and no_baseline.json()["error"]["field"] == "against"
+    assert "no active baseline" in no_baseline.json()["error"]["message"]
+    other = run_spec(project, SPEC.replace("id: api-agent", "id: other-agent"), spec_dir=tmp_path)
+    refused = _get(url, headers, against=str(other.pk))
+    assert (
+        refused.status_code == 422 and "only runs of one spec" in refused.json()["error"]["message"]
+    )
