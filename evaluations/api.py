@@ -612,3 +612,62 @@ def alert_rule_delete(request: HttpRequest, slug: str, rule_id: RowId) -> Status
         raise Http404("No such alert rule in this project.")
     services.alert_rule_delete(project=caller.project, rule_id=rule_id)
     return Status(204, None)
+
+
+class AlertFiringOut(Schema):
+    id: int
+    rule: str
+    channel: str
+    run_id: int
+    spec: str
+    value: float | None
+    message: str
+    status: str
+    attempts: int
+    last_error: str
+    created: datetime
+    delivered: datetime | None
+
+
+@router.get(
+    "/projects/{slug}/alert-firings", response=list[AlertFiringOut], url_name="alert_firings"
+)
+def alert_firing_list(request: HttpRequest, slug: str) -> list[AlertFiringOut]:
+    """The project's latest firings (newest first) with their delivery status."""
+    caller = _caller(request, slug, Role.VIEWER)
+    return [
+        AlertFiringOut(
+            id=firing.pk,
+            rule=firing.rule.name,
+            channel=firing.channel.name,
+            run_id=firing.run_id,
+            spec=firing.run.spec.slug,
+            value=firing.value,
+            message=firing.message,
+            status=firing.status,
+            attempts=firing.attempts,
+            last_error=firing.last_error,
+            created=firing.created,
+            delivered=firing.delivered,
+        )
+        for firing in selectors.project_alert_firings(caller.project.pk)
+    ]
+
+
+@router.post(
+    "/projects/{slug}/alert-firings/{firing_id}/resend",
+    response={202: None, 409: ErrorOut},
+    url_name="alert_firing_resend",
+)
+def alert_firing_resend(request: HttpRequest, slug: str, firing_id: RowId) -> Status[None]:
+    """Send a failed firing again (admins), as "send again" in the settings; 409 for one
+    that is not failed (a delivered firing is never sent twice)."""
+    from evaluations import queue
+
+    caller = _caller(request, slug, Role.ADMIN)
+    if not caller.project.alert_firings.filter(pk=firing_id).exists():
+        raise Http404("No such alert firing in this project.")
+    if not services.firing_resend(project=caller.project, firing_id=firing_id):
+        raise ApiConflict("only a failed firing can be sent again")
+    queue.firing_deliver_later(firing_id)
+    return Status(202, None)

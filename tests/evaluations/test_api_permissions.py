@@ -19,8 +19,11 @@ from django.urls import URLPattern
 
 from evaluations import services
 from evaluations.models import (
+    AlertFiring,
     ApiToken,
     Artifact,
+    ChannelKind,
+    FiringStatus,
     Membership,
     Project,
     ReviewItem,
@@ -83,6 +86,8 @@ RULES: dict[tuple[str, str], Rule] = {
         Role.ADMIN, {"name": "r2", "condition": "pass_rate < 1"}, allowed=(201,)
     ),
     ("delete", f"{P}/alert-rules/{{rule_id}}"): Rule(Role.ADMIN, allowed=(204,)),
+    ("get", f"{P}/alert-firings"): Rule(Role.VIEWER),
+    ("post", f"{P}/alert-firings/{{firing_id}}/resend"): Rule(Role.ADMIN, {}, allowed=(202,)),
     # reviews
     ("get", f"{P}/reviews"): Rule(Role.VIEWER),
     ("get", f"{P}/reviews/{{item_id}}"): Rule(Role.VIEWER),
@@ -161,7 +166,20 @@ def world(django_user_model: Any) -> World:
     artifact = Artifact(execution=execution, kind="stdout", name="stdout.txt", size=5)
     artifact.file.save("stdout.txt", ContentFile(b"hello"), save=False)
     artifact.save()
-    rule = services.alert_rule_create(project=mine, name="r", condition="pass_rate < 1")
+    channel = services.alert_channel_create(
+        project=mine, name="ops", kind=ChannelKind.EMAIL, target="ops@example.com"
+    )
+    rule = services.alert_rule_create(
+        project=mine, name="r", condition="pass_rate < 1", channel_ids=[channel.pk]
+    )
+    firing = AlertFiring.objects.create(
+        project=mine,
+        rule=rule,
+        run=run,
+        channel=channel,
+        idempotency_key="matrix",
+        status=FiringStatus.FAILED,
+    )
     victim, _ = services.token_issue(project=mine, user=people[Role.ADMIN], name="victim")
     ids = {
         "slug": "mine",
@@ -172,6 +190,7 @@ def world(django_user_model: Any) -> World:
         "artifact_id": artifact.pk,
         "item_id": item.pk,
         "rule_id": rule.pk,
+        "firing_id": firing.pk,
         "token_id": victim.pk,
     }
     return World(mine, other, ids, people, stranger)
