@@ -57,9 +57,11 @@ class KeystoneAPI(NinjaAPI):
         }
         for operations in schema["paths"].values():
             for operation in operations.values():
-                responses = operation.setdefault("responses", {})
+                # ninja keys some statuses as ints, JSON makes them strings: one key each.
+                responses = {str(k): v for k, v in operation.get("responses", {}).items()}
                 for status in ERROR_STATUSES:
                     responses.setdefault(str(status), error)
+                operation["responses"] = responses
         return schema
 
 
