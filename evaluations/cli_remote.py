@@ -115,11 +115,17 @@ def _refusal(exc: urllib.error.HTTPError) -> RemoteError:
     return RemoteError(f"HTTP {exc.code}: {message}", code)
 
 
-def _events(client: Client, run_id: int) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The run's events, one stream after another, until its final `run` event."""
+def _events(
+    client: Client, run_id: int, deadline: float | None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The run's events, one stream after another, until its final `run` event. A stream
+    lasts until the deadline at most, so a `timeout` event comes when it passes."""
     seen: set[int] = set()
     while True:
-        url = client.url(f"/runs/{run_id}/events", timeout=EVENTS_WINDOW)
+        window = float(EVENTS_WINDOW)
+        if deadline is not None:
+            window = max(0.0, min(window, deadline - time.monotonic()))
+        url = client.url(f"/runs/{run_id}/events", timeout=f"{window:.1f}")
         try:
             with client.request("GET", url, timeout=STREAM_READ_TIMEOUT) as stream:
                 event, data = "", ""
@@ -230,8 +236,8 @@ def _follow(client: Client, run_id: int, args: argparse.Namespace) -> dict[str, 
 
     progress = Progress(sys.stdout)
     deadline = time.monotonic() + args.timeout if args.timeout else None
-    for event, data in _events(client, run_id):
-        if deadline is not None and time.monotonic() > deadline:
+    for event, data in _events(client, run_id, deadline):
+        if event == "timeout" and deadline is not None and time.monotonic() >= deadline:
             progress.finish()
             return None
         if event == "execution":

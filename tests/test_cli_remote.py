@@ -286,3 +286,26 @@ def test_sigint_cancels_the_run_on_the_server(server: Server, tmp_path: Path) ->
     assert process.returncode == 130, out + err
     assert f"run {run_id} cancelled on the server" in err
     assert server.api(f"/runs/{run_id}")["status"] == "cancelled"
+
+
+def test_timeout_cancels_the_run_on_the_server(server: Server, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SLOW)
+    started = time.monotonic()
+    done = run_keystone(
+        "run",
+        str(spec),
+        "--remote",
+        server.url,
+        "--token",
+        server.token,
+        "--timeout",
+        "3",
+        env=_client_env(server),
+        timeout=120,
+    )
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "did not finish within 3 s; it was cancelled" in done.stderr
+    assert time.monotonic() - started < 30
+    run_id = int(done.stdout.split("run ", 1)[1].split()[0])
+    assert server.api(f"/runs/{run_id}")["status"] == "cancelled"
