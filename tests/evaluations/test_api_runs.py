@@ -287,6 +287,18 @@ def test_a_run_from_inline_yaml_with_labels(project: Project, bearer: Any) -> No
     assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "spec_invalid"
     assert Run.objects.count() == 1
 
+    # A retried POST with its Idempotency-Key gets the same run; another body is a 409.
+    keyed = {**headers, "HTTP_IDEMPOTENCY_KEY": "ci-job-7"}
+    post = Client().post
+    first = post("/api/projects/demo/runs", json.dumps(body), "application/json", **keyed)
+    again = post("/api/projects/demo/runs", json.dumps(body), "application/json", **keyed)
+    assert first.status_code == again.status_code == 202
+    assert first.json()["id"] == again.json()["id"] != run.pk
+    other = {**body, "replicas": 2}
+    conflict = post("/api/projects/demo/runs", json.dumps(other), "application/json", **keyed)
+    assert conflict.status_code == 409 and conflict.json()["error"]["field"] == "Idempotency-Key"
+    assert Run.objects.count() == 2
+
 
 def test_compare_two_runs_as_keystone_compare_does(
     finished_run: Run, project: Project, bearer: Any, tmp_path: Path
