@@ -1,7 +1,10 @@
 """The evaluations router of the API, mounted at /api/ by keystone_web/api.py.
 
-Machines (CI jobs) send `Authorization: Bearer ks_...`: a token belongs to one project and
-acts there with its user's role, nowhere else. The browser uses its session (with CSRF).
+Machines (CI jobs) send `Authorization: Bearer ks_...`: a project token acts in its project
+only, a personal token in every project of its user; either with its user's role there and
+only within its scopes (read, run, review, admin), and at most
+KEYSTONE_API_TOKEN_RATE_PER_MINUTE requests a minute (429 with Retry-After beyond). The
+browser uses its session (with CSRF).
 Like the dashboard, someone outside a project gets a 404 for anything in it and a member
 whose role is too low gets a 403.
 """
@@ -10,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
+from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse
@@ -23,6 +28,7 @@ from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 from ninja.security import HttpBearer, SessionAuth
+from ninja.throttling import BaseThrottle
 
 from checks import reporters
 from evaluations import policy, selectors, services
@@ -35,10 +41,15 @@ from evaluations.models import (
     RunStatus,
     Spec,
     SpecVersion,
+    TokenScope,
     Trigger,
 )
 
 RUN_REPLICAS_MAX = 100
+# Row ids and numbers the API takes: larger ones are no row, and some databases cannot even
+# compare them (SQLite overflows), so they are refused as input (422 naming the field).
+ROW_ID_MAX = 2**63 - 1
+RowId = Annotated[int, Field(ge=1, le=ROW_ID_MAX)]
 
 
 class ApiInputError(ValueError):
@@ -51,12 +62,60 @@ class ApiInputError(ValueError):
         self.message = message
 
 
+class ApiConflict(Exception):
+    """A request that contradicts the state it meets (the same Idempotency-Key with another
+    body, a claim someone else holds); answered 409."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ErrorBody(Schema):
+    code: str
+    message: str
+    field: str | None = None
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorOut(Schema):
+    """The shape of every error answer (keystone_web/api.py)."""
+
+    error: ErrorBody
+
+
 class ProjectTokenAuth(HttpBearer):
     """`Authorization: Bearer ks_...`, looked up by its hash; a revoked or unknown token is
     no credential at all (401)."""
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
         return ApiToken.find_active(token)
+
+
+class TokenRateThrottle(BaseThrottle):
+    """At most KEYSTONE_API_TOKEN_RATE_PER_MINUTE requests per token and clock minute: a
+    fixed window counted with the cache's atomic increment, so concurrent requests cannot
+    both slip under the limit. Sessions are not limited here."""
+
+    def allow_request(self, request: HttpRequest) -> bool:
+        token = getattr(request, "auth", None)
+        limit = settings.KEYSTONE_API_TOKEN_RATE_PER_MINUTE
+        if not isinstance(token, ApiToken) or limit <= 0:
+            return True
+        now = time.time()
+        window = int(now // 60)
+        key = f"keystone:api-rate:{token.pk}:{window}"
+        cache.add(key, 0, timeout=120)
+        try:
+            count = cache.incr(key)
+        except ValueError:  # expired between add and incr: this request opens the window
+            cache.set(key, 1, timeout=120)
+            count = 1
+        return count <= limit
+
+    def wait(self) -> float | None:
+        # Until the next window (one instance serves every request: no state kept here).
+        return 60 - (time.time() % 60)
 
 
 class BrowserSession(SessionAuth):
@@ -69,7 +128,8 @@ class BrowserSession(SessionAuth):
         return super().__call__(request)
 
 
-router = Router(tags=["evaluations"], auth=[ProjectTokenAuth(), BrowserSession()])
+AUTH = [ProjectTokenAuth(), BrowserSession()]
+router = Router(tags=["evaluations"], auth=AUTH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,22 +141,39 @@ class Caller:
     role: Role
 
 
+# The scope a token needs for an action that needs this role: reading, running (specs and
+# runs), reviewing, administering. A token acts within its scopes AND its user's role.
+SCOPE_FOR_ROLE = {
+    Role.VIEWER: TokenScope.READ,
+    Role.REVIEWER: TokenScope.REVIEW,
+    Role.EDITOR: TokenScope.RUN,
+    Role.ADMIN: TokenScope.ADMIN,
+}
+
+
+def require_scope(credential: Any, scope: str) -> None:
+    """A token without `scope` is refused (403); a browser session has every scope."""
+    if isinstance(credential, ApiToken) and scope not in (credential.scopes or []):
+        raise PermissionDenied(f"This token lacks the {str(scope)!r} scope.")
+
+
 def _caller(request: HttpRequest, slug: str, minimum: Role) -> Caller:
     credential = request.auth  # type: ignore[attr-defined]
     user: Any
-    if isinstance(credential, ApiToken):
-        # A token reaches its own project only: another project is as unknown as a missing one.
+    if isinstance(credential, ApiToken) and credential.project is not None:
+        # A project token reaches its own project only: another is as unknown as a missing one.
         if credential.project.slug != slug:
             raise Http404("No such project.")
         project, user = credential.project, credential.user
-    else:
+    else:  # a personal token or a session: the person's projects
         project = get_object_or_404(Project, slug=slug)
-        user = request.user
+        user = credential.user if isinstance(credential, ApiToken) else request.user
     role = project.role_of(user)
     if role is None:
         raise Http404("No such project.")
     if ROLE_RANK[role] < ROLE_RANK[minimum]:
         raise PermissionDenied(f"This needs the {minimum.label.lower()} role in {project.slug}.")
+    require_scope(credential, SCOPE_FOR_ROLE[minimum])
     return Caller(project=project, user=user, role=role)
 
 
@@ -166,15 +243,20 @@ def spec_upload(request: HttpRequest, slug: str, payload: SpecUploadIn) -> Statu
     return Status(201 if created else 200, out)
 
 
-class RunCreateIn(Schema):
-    version: int | None = None
+class RunOptionsIn(Schema):
+    """What a run may change of its spec version, as `keystone run`'s flags do."""
+
     replicas: int | None = Field(default=None, ge=1, le=RUN_REPLICAS_MAX)
     scenarios: list[str] | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="e.g. git_sha, branch, pr (any key=value)"
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="for faults and mutations")
+    judge_cache: bool = Field(default=True, description="false: ask the judge again")
 
 
-class ConflictOut(Schema):
-    detail: str
+class RunCreateIn(RunOptionsIn):
+    version: RowId | None = None
 
 
 class RunCreatedOut(Schema):
@@ -186,12 +268,12 @@ class RunCreatedOut(Schema):
 
 @router.post(
     "/projects/{slug}/specs/{spec_slug}/runs",
-    response={202: RunCreatedOut, 409: ConflictOut},
+    response={202: RunCreatedOut, 409: ErrorOut},
     url_name="spec_runs",
 )
 def run_start(
     request: HttpRequest, slug: str, spec_slug: str, payload: RunCreateIn
-) -> Status[RunCreatedOut] | Status[ConflictOut]:
+) -> Status[RunCreatedOut]:
     """Queue a run of the spec's latest version (or `version`); workers execute it. With an
     `Idempotency-Key` header a retried request gets the run the first one made, never a
     second run; the same key with another body is a 409."""
@@ -205,35 +287,68 @@ def run_start(
         version = selectors.spec_latest_version(spec)
         if version is None:
             raise ApiInputError("version", f"{spec.slug} has no version to run")
+    return _run_queue(request, caller, version, payload)
+
+
+class RunInlineIn(RunOptionsIn):
+    source_yaml: str
+
+
+@router.post(
+    "/projects/{slug}/runs", response={202: RunCreatedOut, 409: ErrorOut}, url_name="runs_inline"
+)
+def run_start_inline(
+    request: HttpRequest, slug: str, payload: RunInlineIn
+) -> Status[RunCreatedOut]:
+    """Store the spec text given (as POST .../specs does: the same text is the same version)
+    and queue a run of it, with the same overrides, labels and Idempotency-Key as above."""
+    caller = _caller(request, slug, Role.EDITOR)
+    version = services.spec_version_create(
+        project=caller.project,
+        source_yaml=payload.source_yaml.replace("\r\n", "\n"),
+        author=caller.user,
+    )
+    return _run_queue(request, caller, version, payload)
+
+
+def _run_queue(
+    request: HttpRequest, caller: Caller, version: SpecVersion, payload: RunOptionsIn
+) -> Status[RunCreatedOut]:
+    options = payload.dict()
     key = request.headers.get("Idempotency-Key", "").strip()
     # What the request asks for: the same key with another body is a conflict, not a replay.
     digest = hashlib.sha256(
-        json.dumps([version.pk, payload.dict()], sort_keys=True, default=str).encode()
+        json.dumps([version.pk, options], sort_keys=True, default=str).encode()
     ).hexdigest()
     try:
         run = services.run_create(
             spec_version=version,
             trigger=Trigger.API,
-            labels=payload.labels,
-            replicas=payload.replicas,
-            scenarios=payload.scenarios or None,
+            labels=options["labels"],
+            replicas=options["replicas"],
+            scenarios=options["scenarios"] or None,
+            seed=options["seed"],
+            judge_cache=options["judge_cache"],
             created_by=caller.user,
             idempotency_key=key[:200],
             request_digest=digest if key else "",
         )
     except services.IdempotencyConflict as exc:
-        return Status(409, ConflictOut(detail=str(exc)))
+        raise ApiConflict(str(exc), field="Idempotency-Key") from None
     except policy.PolicyError as exc:  # more executions than this server allows
         raise ApiInputError("replicas", str(exc)) from None
     except ValueError as exc:  # an unknown scenario name
         raise ApiInputError("scenarios", str(exc)) from None
-    out = RunCreatedOut(
+    return Status(202, run_created_out(request, run))
+
+
+def run_created_out(request: HttpRequest, run: Run) -> RunCreatedOut:
+    return RunCreatedOut(
         id=run.pk,
         status=run.status,
         url=_run_api_url(request, run),
         web_url=_run_web_url(request, run),
     )
-    return Status(202, out)
 
 
 # --- Runs ---------------------------------------------------------------------------------
@@ -326,7 +441,7 @@ class RunDetailOut(RunOut):
 
 
 @router.get("/projects/{slug}/runs/{run_id}", response=RunDetailOut, url_name="run_detail")
-def run_detail(request: HttpRequest, slug: str, run_id: int) -> RunDetailOut:
+def run_detail(request: HttpRequest, slug: str, run_id: RowId) -> RunDetailOut:
     """One run: its scores, gates and pillar scores once finalised, and its progress."""
     caller = _caller(request, slug, Role.VIEWER)
     found = selectors.run_for_page(caller.project, run_id)
@@ -363,7 +478,7 @@ REPORT_FORMATS = {
 def run_report(
     request: HttpRequest,
     slug: str,
-    run_id: int,
+    run_id: RowId,
     format: Literal["json", "junit", "md"] = "json",  # noqa: A002 (the query parameter's name)
 ) -> HttpResponse:
     """The run's report as `keystone run` writes it, scored from the stored results."""
@@ -381,7 +496,7 @@ class RunCancelOut(Schema):
 @router.post(
     "/projects/{slug}/runs/{run_id}/cancel", response={202: RunCancelOut}, url_name="run_cancel"
 )
-def run_cancel(request: HttpRequest, slug: str, run_id: int) -> Status[RunCancelOut]:
+def run_cancel(request: HttpRequest, slug: str, run_id: RowId) -> Status[RunCancelOut]:
     """Stop the run (nothing pending starts); a run that had ended keeps its status."""
     caller = _caller(request, slug, Role.EDITOR)
     run = _run(caller, run_id)
@@ -491,9 +606,68 @@ def alert_rule_create(
 
 
 @router.delete("/projects/{slug}/alert-rules/{rule_id}", response={204: None})
-def alert_rule_delete(request: HttpRequest, slug: str, rule_id: int) -> Status[None]:
+def alert_rule_delete(request: HttpRequest, slug: str, rule_id: RowId) -> Status[None]:
     caller = _caller(request, slug, Role.ADMIN)
     if not caller.project.alert_rules.filter(pk=rule_id).exists():
         raise Http404("No such alert rule in this project.")
     services.alert_rule_delete(project=caller.project, rule_id=rule_id)
     return Status(204, None)
+
+
+class AlertFiringOut(Schema):
+    id: int
+    rule: str
+    channel: str
+    run_id: int
+    spec: str
+    value: float | None
+    message: str
+    status: str
+    attempts: int
+    last_error: str
+    created: datetime
+    delivered: datetime | None
+
+
+@router.get(
+    "/projects/{slug}/alert-firings", response=list[AlertFiringOut], url_name="alert_firings"
+)
+def alert_firing_list(request: HttpRequest, slug: str) -> list[AlertFiringOut]:
+    """The project's latest firings (newest first) with their delivery status."""
+    caller = _caller(request, slug, Role.VIEWER)
+    return [
+        AlertFiringOut(
+            id=firing.pk,
+            rule=firing.rule.name,
+            channel=firing.channel.name,
+            run_id=firing.run_id,
+            spec=firing.run.spec.slug,
+            value=firing.value,
+            message=firing.message,
+            status=firing.status,
+            attempts=firing.attempts,
+            last_error=firing.last_error,
+            created=firing.created,
+            delivered=firing.delivered,
+        )
+        for firing in selectors.project_alert_firings(caller.project.pk)
+    ]
+
+
+@router.post(
+    "/projects/{slug}/alert-firings/{firing_id}/resend",
+    response={202: None, 409: ErrorOut},
+    url_name="alert_firing_resend",
+)
+def alert_firing_resend(request: HttpRequest, slug: str, firing_id: RowId) -> Status[None]:
+    """Send a failed firing again (admins), as "send again" in the settings; 409 for one
+    that is not failed (a delivered firing is never sent twice)."""
+    from evaluations import queue
+
+    caller = _caller(request, slug, Role.ADMIN)
+    if not caller.project.alert_firings.filter(pk=firing_id).exists():
+        raise Http404("No such alert firing in this project.")
+    if not services.firing_resend(project=caller.project, firing_id=firing_id):
+        raise ApiConflict("only a failed firing can be sent again")
+    queue.firing_deliver_later(firing_id)
+    return Status(202, None)

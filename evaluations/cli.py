@@ -125,8 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="run only the executions isolated to this invariant (per_invariant isolation, probes)",
     )
+    run.add_argument(
+        "--remote",
+        metavar="URL",
+        help="run on this Keystone server's workers (default: $KEYSTONE_URL; unset: locally)",
+    )
+    run.add_argument("--token", help="the API token for --remote (default: $KEYSTONE_TOKEN)")
+    run.add_argument(
+        "--project",
+        metavar="SLUG",
+        help="the server's project for --remote (default: $KEYSTONE_PROJECT, else 'default')",
+    )
     _add_report_options(run)
-    run.set_defaults(handler=_django_command("cmd_run"))
+    run.set_defaults(handler=cmd_run)
     compare = commands.add_parser(
         "compare",
         help="compare a run with its spec's baseline or another run; exit 1 when something regressed",
@@ -293,6 +304,17 @@ def _print_metric(summary: RunSummary, args: argparse.Namespace) -> int:
         return EXIT_SPEC_INVALID
     print(format_metric(args.metric, value))
     return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """On a server (--remote or KEYSTONE_URL) through its API, with no Django here;
+    otherwise through this machine's database and workers."""
+    from evaluations.cli_remote import cmd_run_remote, remote_target
+
+    target = remote_target(args)
+    if target is not None:
+        return cmd_run_remote(args, *target)
+    return _django_command("cmd_run")(args)
 
 
 def _django_command(name: str) -> Handler:

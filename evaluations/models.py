@@ -105,17 +105,39 @@ TOKEN_PREFIX = "ks_"
 TOKEN_LAST_USED_PRECISION_SECONDS = 60
 
 
+class TokenScope(models.TextChoices):
+    """What a token may do, besides what its user's role allows: reading, running (specs
+    and runs), reviewing, administering (tokens, alert rules)."""
+
+    READ = "read"
+    RUN = "run"
+    REVIEW = "review"
+    ADMIN = "admin"
+
+
+def all_token_scopes() -> list[str]:
+    return list(TokenScope.values)
+
+
 class ApiToken(models.Model):
     """A machine credential. Only the SHA-256 of the token is stored; the raw value is shown
-    once, when issued. `prefix` (the first characters) lets people tell tokens apart."""
+    once, when issued. `prefix` (the first characters) lets people tell tokens apart.
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="api_tokens")
+    A project token (`project` set) acts in that project only; a personal token (`project`
+    null) acts in every project its user belongs to. Either acts with its user's current
+    role there, and only within its `scopes`; it stops working once `expires` passes."""
+
+    project = models.ForeignKey(
+        Project, on_delete=models.CASCADE, related_name="api_tokens", null=True, blank=True
+    )
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="keystone_api_tokens"
     )
     name = models.CharField(max_length=100)
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     prefix = models.CharField(max_length=16, editable=False)
+    scopes = models.JSONField(default=all_token_scopes)
+    expires = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(default=timezone.now, editable=False)
     last_used = models.DateTimeField(null=True, blank=True)
     revoked = models.BooleanField(default=False)
@@ -132,7 +154,15 @@ class ApiToken(models.Model):
         return sha256_hex(raw)
 
     @classmethod
-    def issue(cls, *, project: Project, user: Any, name: str) -> tuple[ApiToken, str]:
+    def issue(
+        cls,
+        *,
+        project: Project | None,
+        user: Any,
+        name: str,
+        scopes: list[str] | None = None,
+        expires: Any = None,
+    ) -> tuple[ApiToken, str]:
         """Create a token row and return it with the raw token, which is never stored."""
         raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(
@@ -141,6 +171,8 @@ class ApiToken(models.Model):
             name=name,
             token_hash=cls.hash_token(raw),
             prefix=raw[: len(TOKEN_PREFIX) + 8],
+            scopes=all_token_scopes() if scopes is None else list(scopes),
+            expires=expires,
         )
         return token, raw
 
@@ -148,13 +180,14 @@ class ApiToken(models.Model):
     def find_active(cls, raw: str) -> ApiToken | None:
         """The live token matching a raw value. Looked up by its hash, so no raw token is compared.
         Marks it used; at most one write a minute per token, so busy CI jobs don't write each call."""
+        now = timezone.now()
         token = (
             cls.objects.select_related("project", "user")
             .filter(token_hash=cls.hash_token(raw), revoked=False, user__is_active=True)
+            .filter(Q(expires__isnull=True) | Q(expires__gt=now))
             .first()
         )
         if token is not None:
-            now = timezone.now()
             stale = now - timedelta(seconds=TOKEN_LAST_USED_PRECISION_SECONDS)
             if token.last_used is None or token.last_used < stale:
                 cls.objects.filter(pk=token.pk).filter(

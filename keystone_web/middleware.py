@@ -30,7 +30,7 @@ class RefuseNulMiddleware:
             message = f"NUL characters are not allowed (in {where})"
             if request.path.startswith("/api/"):
                 error = {"code": "bad_request", "message": message, "field": where}
-                return JsonResponse({"error": error, "detail": message}, status=400)
+                return JsonResponse({"error": error}, status=400)
             return HttpResponse(message, status=400, content_type="text/plain")
         return self.get_response(request)
 

@@ -353,6 +353,18 @@ KEYSTONE_FINAL_OUTPUT_MAX_CHARS = env_int("KEYSTONE_FINAL_OUTPUT_MAX_CHARS", 655
 KEYSTONE_EXECUTION_LEASE_SECONDS = env_int("KEYSTONE_EXECUTION_LEASE_SECONDS", 60)
 # How long a reviewer holds a claimed review item before someone else may take it.
 KEYSTONE_REVIEW_CLAIM_SECONDS = env_int("KEYSTONE_REVIEW_CLAIM_SECONDS", 600)
+
+# API: requests per minute one token may make (0: no limit), counted in the default cache.
+# That cache is per process unless KEYSTONE_CACHE_URL names a Redis all processes share.
+KEYSTONE_API_TOKEN_RATE_PER_MINUTE = env_int("KEYSTONE_API_TOKEN_RATE_PER_MINUTE", 600)
+KEYSTONE_CACHE_URL = env_str("KEYSTONE_CACHE_URL")
+CACHES: dict[str, Any] = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": KEYSTONE_CACHE_URL}
+        if KEYSTONE_CACHE_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
 # Alerts: links in messages start with KEYSTONE_BASE_URL (e.g. https://keystone.example.com);
 # a delivery is tried KEYSTONE_ALERT_MAX_ATTEMPTS times on connection errors and 5xx, waiting
 # KEYSTONE_ALERT_BACKOFF seconds, doubling, between tries.

@@ -12,17 +12,21 @@ from evaluations.selectors.baselines import active_baseline_for, spec_baseline_h
 from evaluations.selectors.bounds import SPEC_RUNS, TREND_RUNS
 from evaluations.selectors.digest import digest_markdown
 from evaluations.selectors.executions import (
+    EXECUTION_PAGE_SIZE,
     ArtifactText,
+    ExecutionPage,
     artifact_in_project,
     artifact_json,
     artifact_text,
     execution_artifacts,
     execution_for_page,
     execution_neighbours,
+    execution_page,
     execution_reproducer,
     execution_results,
     execution_timeline,
     execution_transcript,
+    executions_finished,
 )
 from evaluations.selectors.exports import RESULT_CSV_COLUMNS, run_report, run_result_rows
 from evaluations.selectors.projects import (
@@ -96,6 +100,10 @@ from evaluations.selectors.trends import (
 )
 
 __all__ = [
+    "EXECUTION_PAGE_SIZE",
+    "ExecutionPage",
+    "execution_page",
+    "executions_finished",
     "digest_markdown",
     "AlertConditionError",
     "RegressionReport",

@@ -8,12 +8,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
+
 from checks.report_model import MATRIX_PILLARS
 from evaluations.models import (
     Artifact,
     CheckResult,
     Execution,
+    ExecutionStatus,
     Project,
+    Run,
 )
 from evaluations.selectors.runs import RESULT_SOURCE_RANK
 
@@ -352,3 +356,62 @@ def execution_reproducer(execution: Execution) -> str | None:
         words += ["--invariant", execution.invariant_id]
     words += ["--seed", str(int(run.options.get("seed", 0)))]
     return shlex.join(words)
+
+
+# --- The API's execution list ----------------------------------------------------------------
+
+EXECUTION_PAGE_SIZE = 100
+# What "failed only" keeps: a verdict of failed, or an end that gave no verdict.
+EXECUTION_FAILED_STATUSES = (
+    ExecutionStatus.FAILED,
+    ExecutionStatus.TIMED_OUT,
+    ExecutionStatus.INVALID,
+    ExecutionStatus.PROVIDER_ERROR,
+    ExecutionStatus.ERROR,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionPage:
+    executions: list[Execution]
+    next_after: int | None  # the id to pass back as the cursor, None on the last page
+
+
+def execution_page(
+    run: Run,
+    *,
+    status: str = "",
+    scenario: str = "",
+    failed: bool = False,
+    after: int | None = None,
+    size: int = EXECUTION_PAGE_SIZE,
+) -> ExecutionPage:
+    """A page of the run's executions in id order, read along the (run, status) or
+    (run, scenario) index: one query whatever the page."""
+    rows = Execution.objects.filter(run=run)
+    if status:
+        rows = rows.filter(status=status)
+    if scenario:
+        rows = rows.filter(scenario=scenario)
+    if failed:
+        rows = rows.filter(Q(passed=False) | Q(status__in=EXECUTION_FAILED_STATUSES))
+    if after is not None:
+        rows = rows.filter(pk__gt=after)
+    page = list(rows.defer("plan", "final_output").order_by("id")[: size + 1])
+    next_after = page[size - 1].pk if len(page) > size else None
+    return ExecutionPage(executions=page[:size], next_after=next_after)
+
+
+def executions_finished(run_id: int, *, exclude: set[int]) -> list[Execution]:
+    """The run's executions that have ended, but those in `exclude` (already told)."""
+    ids = Execution.objects.filter(run_id=run_id).exclude(
+        status__in=(ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
+    )
+    new = [pk for pk in ids.values_list("id", flat=True) if pk not in exclude]
+    if not new:
+        return []
+    return list(
+        Execution.objects.filter(pk__in=new)
+        .defer("plan", "final_output")
+        .order_by("finished", "id")
+    )

@@ -39,8 +39,11 @@ def project_api_tokens(project: Project, *, limit: int = API_TOKENS_SHOWN) -> li
     """The project's tokens for the settings page, newest first, without their hashes."""
     return list(
         ApiToken.objects.filter(project=project)
-        .select_related("user")
-        .only("id", "name", "prefix", "created", "last_used", "revoked", "user__username")
+        .select_related("user", "project")
+        .only(
+            *("id", "name", "prefix", "created", "last_used", "revoked", "scopes", "expires"),
+            *("project__slug", "user__username"),
+        )
         .order_by("-created", "-id")[:limit]
     )
 

@@ -85,7 +85,13 @@ from evaluations.services.runs import (
     run_warning_add,
 )
 from evaluations.services.specs import spec_version_create
-from evaluations.services.tokens import TokenError, token_issue, token_revoke
+from evaluations.services.tokens import (
+    TokenError,
+    personal_token_issue,
+    personal_token_revoke,
+    token_issue,
+    token_revoke,
+)
 
 __all__ = [
     "digest_due_end",
@@ -152,6 +158,8 @@ __all__ = [
     "run_sweep_stuck",
     "run_warning_add",
     "spec_version_create",
+    "personal_token_issue",
+    "personal_token_revoke",
     "token_issue",
     "token_revoke",
 ]

@@ -279,7 +279,9 @@ def run_cancel(*, run_id: int) -> None:
             )
 
 
-def run_rerun_failed(*, run_id: int, created_by: Any = None, enqueue: bool = True) -> Run:
+def run_rerun_failed(
+    *, run_id: int, created_by: Any = None, enqueue: bool = True, trigger: str = Trigger.WEB
+) -> Run:
     """A new run of the same spec version, replicas, scenarios and seed that executes only
     the (scenario x prompt) groups whose verdict failed in the finished run `run_id`, every
     replica of each, so the new run gives those groups a fresh verdict and pass@k."""
@@ -300,7 +302,7 @@ def run_rerun_failed(*, run_id: int, created_by: Any = None, enqueue: bool = Tru
     ]
     return run_create(
         spec_version=run.spec_version,
-        trigger=Trigger.WEB,
+        trigger=trigger,
         labels={**run.labels, "rerun_of": str(run.pk)},
         replicas=run.replicas_override,
         scenarios=run.options.get("scenarios") or None,

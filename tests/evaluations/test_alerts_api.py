@@ -19,7 +19,9 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def bearer(project: Project, django_user_model: Any) -> Any:
     def make(role: str) -> dict[str, str]:
-        user = django_user_model.objects.create_user(username=f"ci-{role}", password="pw-123456")
+        user = django_user_model.objects.create_user(
+            username=f"ci-{role}-{django_user_model.objects.count()}", password="pw-123456"
+        )
         Membership.objects.create(project=project, user=user, role=Role(role))
         _, raw = services.token_issue(project=project, user=user, name=f"ci-{role}")
         return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
@@ -38,7 +40,7 @@ def test_a_ci_job_reads_the_regressions(project: Project, bearer: Any) -> None:
     markdown = client.get(f"/api/projects/{project.slug}/regressions?format=md", **headers)
     assert markdown["Content-Type"].startswith("text/markdown")
     refused = client.get(f"/api/projects/{project.slug}/regressions?since=soon", **headers)
-    assert refused.status_code == 422 and refused.json()["errors"][0]["path"] == "since"
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "since"
 
 
 def test_an_admin_token_creates_lists_and_deletes_rules(project: Project, bearer: Any) -> None:
@@ -82,8 +84,8 @@ def test_a_bad_rule_is_a_422_naming_the_field(
         **bearer("admin"),
     )
     assert answer.status_code == 422
-    (error,) = answer.json()["errors"]
-    assert error["path"] == path and named in error["message"]
+    error = answer.json()["error"]
+    assert error["field"] == path and named in error["message"]
 
 
 def test_only_admins_create_rules(project: Project, bearer: Any) -> None:
@@ -94,3 +96,38 @@ def test_only_admins_create_rules(project: Project, bearer: Any) -> None:
         **bearer("editor"),
     )
     assert answer.status_code == 403 and not AlertRule.objects.exists()
+
+
+def test_firings_are_listed_and_a_failed_one_is_sent_again(project: Project, bearer: Any) -> None:
+    from evaluations.models import AlertFiring, ChannelKind, FiringStatus
+
+    channel = services.alert_channel_create(
+        project=project, name="ops", kind=ChannelKind.EMAIL, target="ops@example.com"
+    )
+    services.alert_rule_create(
+        project=project, name="low", condition="pass_rate < 0.9", channel_ids=[channel.pk]
+    )
+    run = finished_run(spec_in(project), finished=timezone.now(), pass_rate=0.1)
+    (firing_id,) = services.alerts_evaluate(run_id=run.pk)
+    AlertFiring.objects.filter(pk=firing_id).update(
+        status=FiringStatus.FAILED, attempts=4, last_error="SMTP refused"
+    )
+
+    listed = Client().get(f"/api/projects/{project.slug}/alert-firings", **bearer("viewer"))
+    assert listed.status_code == 200
+    (row,) = listed.json()
+    assert (row["id"], row["rule"], row["channel"], row["run_id"]) == (
+        firing_id,
+        "low",
+        "ops",
+        run.pk,
+    )
+    assert row["status"] == "failed" and row["last_error"] == "SMTP refused"
+    assert row["value"] == pytest.approx(0.1)
+
+    url = f"/api/projects/{project.slug}/alert-firings/{firing_id}/resend"
+    assert Client().post(url, **bearer("editor")).status_code == 403
+    assert Client().post(url, **bearer("admin")).status_code == 202
+    assert AlertFiring.objects.get(pk=firing_id).status == FiringStatus.PENDING
+    again = Client().post(url, **bearer("admin"))
+    assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"

@@ -137,7 +137,7 @@ def test_viewer_token_reads_but_cannot_write(token: Any, projects: tuple[Project
     assert call("get", "/api/projects/mine/runs", raw).status_code == 200
     upload = call("post", "/api/projects/mine/specs", raw, {"source_yaml": SPEC})
     assert upload.status_code == 403
-    assert "editor" in upload.json()["detail"]
+    assert "editor" in upload.json()["error"]["message"]
     start = call("post", "/api/projects/mine/specs/ci-agent/runs", raw, {})
     assert start.status_code == 403
     assert not Run.objects.exists()
@@ -215,7 +215,7 @@ def test_invalid_spec_is_422_with_every_error_and_its_line(token: Any) -> None:
     response = call("post", "/api/projects/mine/specs", raw, {"source_yaml": INVALID_SPEC})
 
     assert response.status_code == 422
-    errors = response.json()["errors"]
+    errors = response.json()["error"]["details"]
     assert len(errors) >= 2
     assert all(set(e) == {"message", "path", "line", "column"} for e in errors)
     by_path = {e["path"]: e for e in errors}
@@ -272,10 +272,10 @@ def test_run_start_of_a_chosen_version_and_refusals(
 
     missing = call("post", url, raw, {"version": 9})
     assert missing.status_code == 422
-    assert missing.json()["errors"][0]["path"] == "version"
+    assert missing.json()["error"]["field"] == "version"
     unknown = call("post", url, raw, {"scenarios": ["nope"]})
     assert unknown.status_code == 422
-    assert "nope" in unknown.json()["errors"][0]["message"]
+    assert "nope" in unknown.json()["error"]["message"]
     assert call("post", url, raw, {"replicas": 0}).status_code == 422
     assert call("post", "/api/projects/mine/specs/no-spec/runs", raw, {}).status_code == 404
     assert Run.objects.count() == 1

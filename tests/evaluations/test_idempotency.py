@@ -56,7 +56,7 @@ def test_the_same_key_with_another_body_is_a_409(client: Client, project: Projec
     assert _start(client, project, {"replicas": 1}, "k").status_code == 202
     conflict = _start(client, project, {"replicas": 2}, "k")
     assert conflict.status_code == 409
-    assert "Idempotency-Key 'k' already made run" in conflict.json()["detail"]
+    assert "Idempotency-Key 'k' already made run" in conflict.json()["error"]["message"]
     assert Run.objects.count() == 1
 
 

@@ -45,7 +45,7 @@ def test_a_weight_that_is_not_a_finite_number_is_422_at_its_line(
 ) -> None:
     response = _upload(editor[0], project, {"source_yaml": SPEC.replace("WEIGHT", weight)})
     assert response.status_code == 422
-    first = response.json()["errors"][0]
+    first = response.json()["error"]["details"][0]
     assert first["path"] == "invariants.a.weight" and first["line"] == 6
     assert first["message"] == f"{weight} is not a finite number"
 
@@ -55,7 +55,7 @@ def test_a_nul_byte_in_the_spec_is_422_at_its_position(
 ) -> None:
     response = _upload(editor[0], project, {"source_yaml": SPEC.replace("echo", "ec\x00ho")})
     assert response.status_code == 422
-    assert "x00" in response.json()["errors"][0]["message"]
+    assert "x00" in response.json()["error"]["details"][0]["message"]
 
 
 @pytest.mark.parametrize("body", [[], "a string", 42, None])
