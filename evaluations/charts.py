@@ -82,7 +82,7 @@ def run_hover(name: str, row: dict[str, Any]) -> str:
     parts = [f"Run #{row['id']}", name]
     if row.get("spec_version__number"):
         parts.append(f"v{row['spec_version__number']}")
-    if row.get("branch"):
+    if row.get("branch") and row["branch"] != name:  # a line per branch already says it
         parts.append(str(row["branch"]))
     created = row.get("created")
     if isinstance(created, datetime):

@@ -89,6 +89,7 @@ class CommandCgroup:
         name = f"keystone-{uuid.uuid4().hex}"
         try:
             for controller in _controllers()[0]:
+                _remove_stale(controller.parent)
                 limit = self.limits[controller.name]
                 if limit is None:
                     continue
@@ -124,6 +125,27 @@ class CommandCgroup:
         for path in self.paths:
             _empty(path)
         self.paths = []
+
+
+# A group older than this with nothing in it was left by a worker that died (its processes
+# ended since): removed by the next command. Younger ones may be a neighbour's that is
+# about to receive its process.
+_STALE_SECONDS = 120.0
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove the empty groups dead workers left behind; a group with processes in it cannot
+    be removed (the kernel refuses), so a live one is never touched."""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    limit = time.time() - _STALE_SECONDS
+    for entry in entries:
+        if entry.name.startswith("keystone-") and entry.is_dir(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_mtime < limit:
+                    os.rmdir(entry.path)
 
 
 def _empty(path: Path) -> None:

@@ -57,13 +57,40 @@ def test_a_process_tree_cannot_exceed_the_executions_memory(backend: str, tmp_pa
     assert result.stdout.count("survived") < 4, result.stdout + result.stderr
 
 
+def _groups() -> set[str]:
+    return {
+        name
+        for controller in cgroups._controllers()[0]
+        for name in os.listdir(controller.parent)
+        if name.startswith("keystone-")
+    }
+
+
 def test_a_daemon_that_left_the_session_is_killed_with_the_execution(tmp_path: Path) -> None:
+    before = _groups()
     marker = tmp_path / "still-alive"
     command = f"setsid sh -c 'sleep 2; touch {marker}' </dev/null >/dev/null 2>&1 & echo started"
     result = LocalSandbox().run(command, workspace=tmp_path, env={}, timeout=30)
     assert "started" in result.stdout
     time.sleep(3)
     assert not marker.exists()
-    # And no group of ours is left behind on the host.
-    for controller in cgroups._controllers()[0]:
-        assert not [p for p in os.listdir(controller.parent) if p.startswith("keystone-")]
+    # And the execution's groups are gone from the host.
+    assert not _groups() - before
+
+
+def test_groups_dead_workers_left_are_removed_by_the_next_command(tmp_path: Path) -> None:
+    controller = cgroups._controllers()[0][0]
+    stale = controller.parent / "keystone-left-by-a-dead-worker"
+    stale.mkdir()
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    young = controller.parent / "keystone-a-neighbours-just-made"
+    young.mkdir()
+    try:
+        LocalSandbox().run("true", workspace=tmp_path, env={}, timeout=30)
+        assert not stale.exists()
+        assert young.exists()  # may be about to receive its process: left alone
+    finally:
+        for path in (stale, young):
+            if path.exists():
+                path.rmdir()

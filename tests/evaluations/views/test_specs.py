@@ -552,7 +552,8 @@ def test_trend_tooltips_name_the_run_and_a_zero_cost_axis_starts_at_zero(
     [line] = cost["data"]
     for run, text in zip([first, second], line["text"], strict=True):
         when = timezone.localtime(run.created).strftime("%Y-%m-%d %H:%M")
-        assert text == f"Run #{run.pk} · all branches · v1 · main · {when}"
+        # The line is the branch's (trends split by branch): said once.
+        assert text == f"Run #{run.pk} · main · v1 · {when}"
     assert "Cost (USD): %{y:$.4f}" in line["hovertemplate"]
     # Lines of the invariant chart differ by dash and marker, not only by colour.
     invariants = chart_figure(html, "trend-invariants")["data"]
