@@ -333,8 +333,7 @@ def json_schema_validator(schema: dict[str, Any] | bool, what: str) -> Any:
 #   3. Score = 0.5 x Jaccard(feature sets) + 0.5 x cosine(feature counts).
 # Jaccard punishes vocabulary that only one side has; cosine weighs repeated words, so the
 # blend is stable for both short answers and long paragraphs. Two texts with no word tokens
-# are compared for exact equality. Embedding similarity needs an embedder: a judge object
-# with `embed(texts) -> list[vector]`.
+# are compared for exact equality. Embedding similarity is in _embeddings.py.
 
 
 _WORD = re.compile(r"\w+")
