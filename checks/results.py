@@ -59,6 +59,19 @@ ERROR_CODES = frozenset(
 INTERNAL_ERROR_PREFIX = "Keystone internal error: "
 # The check types whose results come from the LLM judge (source "judge", not "engine").
 JUDGE_CHECK_TYPES = frozenset({"llm_as_judge", "judge"})
+# Checks whose score a model gave by method (drift, similarity): "judge" or "embedding".
+_MODEL_METHODS = frozenset({"judge", "embedding"})
+
+
+def gradable(check_type: str, details: Any) -> bool:
+    """Whether a person's grade means something for this result: its score is a model's
+    opinion (a judge, a judged or embedded drift or similarity), not a fact the engine read
+    off the output, the files or the database, which a person could only repeat."""
+    if check_type in JUDGE_CHECK_TYPES:
+        return True
+    method = details.get("method") if isinstance(details, dict) else None
+    return check_type in ("drift", "similarity", "behavior_unchanged") and method in _MODEL_METHODS
+
 
 PROVIDER_CODES = frozenset(
     {FailureCode.PROVIDER_TIMEOUT, FailureCode.PROVIDER_AUTH_FAILED, FailureCode.PROVIDER_ERROR}

@@ -14,6 +14,7 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from checks.results import gradable
 from evaluations import selectors
 from evaluations.access import project_for
 from evaluations.models import Artifact, ArtifactKind, CheckResult, ReviewItem
@@ -52,6 +53,7 @@ def _result_rows(
             "details": _pretty(result.details),
             "overridden": strongest[result.invariant_id].pk != result.pk,
             "review_item": pending_reviews.get(result.pk),
+            "gradable": gradable(result.check_type, result.details),
         }
         for result in results
     ]

@@ -61,7 +61,7 @@ def world(two_projects: Any) -> tuple[Run, Execution, CheckResult, CheckResult]:
     return make_execution(two_projects.mine)
 
 
-def test_reviewer_sees_a_send_button_per_result_and_sending_queues_it(
+def test_reviewer_sees_a_send_button_per_judged_result_and_sending_queues_it(
     world: Any, client_as: Callable[..., Client]
 ) -> None:
     run, execution, judge, engine = world
@@ -71,7 +71,10 @@ def test_reviewer_sees_a_send_button_per_result_and_sending_queues_it(
     response = client.post(send_url(judge), HTTP_HX_REQUEST="true")
     after = client.get(page_url(execution)).content.decode()
 
-    assert len(SEND_BUTTON.findall(results_section(before))) == 2
+    # Only the judge's result offers it: the engine's `contains` is a fact a person would
+    # only repeat (issue 17).
+    assert len(SEND_BUTTON.findall(results_section(before))) == 1
+    assert f'action="{send_url(engine)}"' not in before
     form = result_row(before, judge)
     assert f'hx-post="{send_url(judge)}" hx-target="this" hx-swap="outerHTML"' in form
     assert f'action="{send_url(judge)}"' in form and "csrfmiddlewaretoken" in form
@@ -82,11 +85,10 @@ def test_reviewer_sees_a_send_button_per_result_and_sending_queues_it(
     assert item.reason == ReviewReason.MANUAL and item.sent_by.username.startswith("reviewer")
     assert item.run_id == run.pk and item.judge_score == 0.4 and item.judge_model
     assert f'href="{reverse("review_item", args=["mine", item.pk])}"' in body
-    # The queued result now says so (for every member); the other keeps its button.
-    assert len(SEND_BUTTON.findall(results_section(after))) == 1
-    assert f"/results/{judge.pk}/" not in results_section(after)  # no form for it any more
+    # The queued result now says so (for every member), with no form any more.
+    assert len(SEND_BUTTON.findall(results_section(after))) == 0
+    assert f"/results/{judge.pk}/" not in results_section(after)
     assert f'in review: <a href="/p/mine/review/{item.pk}/">item #{item.pk}</a> (open)' in after
-    assert f'action="{send_url(engine)}"' in after
 
 
 def test_sending_without_htmx_redirects_back_to_the_execution(
