@@ -102,11 +102,16 @@ def listeners_on_loopback(port: int) -> list[socket.socket]:
 def main(argv: list[str]) -> None:
     separator = argv.index("--")
     socket_dir, ports, command = argv[0], argv[1:separator], argv[separator + 1 :]
-    listeners = [
-        (sock, os.path.join(socket_dir, f"{port}.sock"))
-        for port in ports
-        for sock in listeners_on_loopback(int(port))
-    ]
+    listeners = []
+    for port in ports:
+        try:
+            bound = listeners_on_loopback(int(port))
+        except OSError as exc:
+            # Said where the agent's own errors are read; the agent still runs, and finds
+            # that one endpoint refused like any closed port.
+            print(f"keystone relay: cannot listen on 127.0.0.1:{port}: {exc}", file=sys.stderr)
+            continue
+        listeners += [(sock, os.path.join(socket_dir, f"{port}.sock")) for sock in bound]
     if os.fork() == 0:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # never hold the agent's output pipes open
