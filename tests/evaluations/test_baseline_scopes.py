@@ -120,8 +120,8 @@ def test_promotions_are_scoped_by_branch_recorded_and_rolled_back(
     # Nothing before release-1: a clear refusal naming the field, not a 500.
     again = client.post(url, {"branch": "main"}, content_type="application/json", **headers)
     assert again.status_code == 422
-    assert again.json()["errors"][0]["path"] == "branch"
-    assert "replaced none: nothing to roll back to" in again.json()["detail"]
+    assert again.json()["error"]["field"] == "branch"
+    assert "replaced none: nothing to roll back to" in again.json()["error"]["message"]
 
     # The history: every promotion with who, why, what it replaced and its state.
     history = client.get(f"/api/projects/{project.slug}/specs/refunds/baselines", **headers)
@@ -191,7 +191,7 @@ def test_the_api_promotes_with_a_branch_and_refuses_what_cannot_be_a_baseline(
         url, {}, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {editor_token}"
     )
     assert refused.status_code == 422
-    assert "only a completed, scored run can be a baseline" in refused.json()["detail"]
+    assert "only a completed, scored run can be a baseline" in refused.json()["error"]["message"]
 
 
 def test_each_execution_is_frozen_as_a_cell_that_outlives_the_run(
