@@ -63,7 +63,12 @@ def embedding_similarity(context: CheckContext, left: str, right: str) -> float:
     (below); ConfigError naming the extra when neither is there."""
     embed = getattr(context.judge, "embed", None)
     settings = getattr(context.judge, "settings", None)
-    if not callable(embed) or getattr(settings, "credentials_problem", None):
+    # "No endpoint configured": no judge, or the SDK's default endpoint with no key on this
+    # server. An endpoint someone did configure keeps its own errors (a wrong key is news).
+    unconfigured = getattr(settings, "base_url", None) is None and getattr(
+        settings, "credentials_problem", None
+    )
+    if not callable(embed) or unconfigured:
         embed = embed_offline
     vectors: Any = embed([left, right])
     if not isinstance(vectors, list | tuple) or len(vectors) != 2:

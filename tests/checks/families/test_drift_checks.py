@@ -81,11 +81,15 @@ def test_field_diff_non_json_baseline_is_check_error(run_check):
     assert outcome.failure_code is FailureCode.CHECK_ERROR
 
 
-def test_judge_and_embedding_methods_need_the_provider(run_check):
+def test_judge_drift_needs_the_provider_and_embedding_falls_back_to_the_offline_model(
+    run_check,
+):
     context = CheckContext(baseline_output="a")
-    for method in ("judge", "embedding"):
-        outcome = run_check({"type": "drift", "method": method}, context=context, output="b")
-        assert outcome.failure_code is FailureCode.CHECK_ERROR, method
+    outcome = run_check({"type": "drift", "method": "judge"}, context=context, output="b")
+    assert outcome.failure_code is FailureCode.CHECK_ERROR
+    # No judge endpoint: the offline model (keystone[embeddings]) measures it.
+    same = run_check({"type": "drift", "method": "embedding"}, context=context, output="a")
+    assert same.passed and same.details["drift"] < 0.001
     judged = CheckContext(baseline_output="a", judge=DriftJudge())
     outcome = run_check({"type": "drift", "method": "judge"}, context=judged, output="b")
     assert outcome.failure_code is FailureCode.DRIFT_EXCEEDED
