@@ -133,15 +133,20 @@ class _StoredReference:
 def _stored_references(
     run: Run, spec: EngineSpec, deferred: set[str]
 ) -> dict[str, _StoredReference | None]:
-    """Per invariant that names a baseline (`active` or a name): the baseline's cells, or
-    None when there is none (drift then passes flagged no_baseline). A behavior_unchanged
-    `baseline` that names no baseline is its reference text and is left out."""
+    """Per invariant compared with a stored baseline (`active` or a name; every drift check,
+    `active` when it names none): the baseline's cells, or None when there is none (the
+    check then passes flagged no_baseline). A behavior_unchanged `baseline` that names no
+    baseline is its reference text and is left out."""
     wanted: dict[str, str] = {}
     for invariant_id in deferred:
         invariant = spec.invariants[invariant_id]
         reference = str(invariant.check.get("baseline") or "")
-        if invariant.check_type == "behavior_unchanged" and reference == "auto":
-            continue
+        if invariant.check_type == "behavior_unchanged" and reference in ("", "auto"):
+            continue  # compared with the same run's no-chaos output
+        if invariant.check_type == "drift" and not reference:
+            # Drift is always against a baseline (SPEC_FORMAT, reference 004): by default the
+            # active one for the run's branch, falling back to the spec's default.
+            reference = "active"
         if reference:
             wanted[invariant_id] = reference
     found: dict[str, Baseline | None] = {}
