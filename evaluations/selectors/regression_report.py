@@ -24,7 +24,6 @@ from django.utils import timezone
 
 from checks.reporters import cap_markdown
 from evaluations.models import (
-    DEFAULT_BASELINE_BRANCH,
     Baseline,
     CheckResult,
     Execution,
@@ -286,20 +285,15 @@ def regression_report(
 
 
 def _empty_reason(project: Project, *, since: datetime | None, spec: str, branch: str) -> str:
-    baselines = Baseline.objects.filter(
-        project=project, active=True, branch=DEFAULT_BASELINE_BRANCH
-    )
+    baselines = Baseline.objects.filter(project=project, active=True)
     if spec:
         baselines = baselines.filter(spec__slug=spec)
     if not baselines.exists():
         where = f"spec {spec}" if spec else "any spec of this project"
         return f"No active baseline for {where}: promote a run to a baseline to compare against."
     runs = Run.objects.filter(
-        project=project,
-        status="completed",
-        spec__baselines__active=True,
-        spec__baselines__branch=DEFAULT_BASELINE_BRANCH,
-    )
+        project=project, status="completed", spec__baselines__active=True
+    ).distinct()
     if spec:
         runs = runs.filter(spec__slug=spec)
     if branch:

@@ -1,10 +1,12 @@
-"""Regressions against the active baseline, for the overview."""
+"""Regressions against the active baselines (each branch against its own, else main's), for
+the overview and the regressions report."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Max
 from django.db.models.fields.json import KeyTransform
 
 from checks.compare import p_drop
@@ -15,7 +17,6 @@ from evaluations.models import (
     Run,
     RunStatus,
 )
-from evaluations.selectors.specs import latest_run_subquery
 
 #
 # A baseline's `data["groups"]` holds (scenario x prompt) groups in the shape of a run
@@ -98,23 +99,52 @@ def _counts_and_p(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def project_regressions(project: Project) -> list[Regression]:
-    """Every regression of every spec that has an active baseline: two queries."""
+    """Every regression of every spec that has an active baseline: three queries."""
     return project_group_changes(project)[0]
+
+
+def _latest_per_branch(project: Project) -> list[dict[str, Any]]:
+    """Each (spec, branch) of the project's specs with an active baseline: the baseline that
+    branch compares with (its own, else main's, as active_baseline_for decides) and the
+    branch's latest completed run. Runs with no branch label are main's."""
+    baselines = {
+        (b["spec_id"], b["branch"]): b
+        for b in Baseline.objects.filter(project=project, active=True).values(
+            "name", "spec_id", "spec__slug", "branch", "run_id", "data"
+        )
+    }
+    latest = (
+        Run.objects.filter(
+            project=project,
+            status=RunStatus.COMPLETED,
+            spec_id__in={spec_id for spec_id, _ in baselines},
+        )
+        .values("spec_id", "branch")
+        .annotate(latest_run_id=Max("id"))  # ids grow with creation: the newest run
+    )
+    pairs: dict[tuple[int, str], dict[str, Any]] = {}
+    for row in latest:
+        branch = row["branch"] or DEFAULT_BASELINE_BRANCH
+        baseline = baselines.get((row["spec_id"], branch)) or baselines.get(
+            (row["spec_id"], DEFAULT_BASELINE_BRANCH)
+        )
+        if baseline is None:
+            continue  # only a branch has a baseline, and this is another branch
+        scope = (row["spec_id"], branch)  # an unlabelled run and `main` are one scope
+        if scope not in pairs or pairs[scope]["latest_run_id"] < row["latest_run_id"]:
+            pairs[scope] = {**baseline, "latest_run_id": row["latest_run_id"]}
+    return sorted(pairs.values(), key=lambda p: (p["spec__slug"], p["latest_run_id"]))
 
 
 def project_group_changes(
     project: Project, *, cells: bool = False
 ) -> tuple[list[Regression], list[Regression]]:
     """(regressions, improvements): groups that passed in the active baseline and do not
-    pass in the spec's latest completed run, and groups that failed there and pass now.
-    With `cells`, the invariant x scenario cells of the matrix too (the report's
-    per-invariant rows)."""
-    baselines = list(
-        Baseline.objects.filter(project=project, active=True, branch=DEFAULT_BASELINE_BRANCH)
-        .annotate(latest_run_id=latest_run_subquery(RunStatus.COMPLETED))
-        .values("name", "spec_id", "spec__slug", "run_id", "data", "latest_run_id")
-    )
-    run_ids = [b["latest_run_id"] for b in baselines if b["latest_run_id"] is not None]
+    pass in the latest completed run, and groups that failed there and pass now; per branch,
+    each branch's latest run against its branch's baseline (else main's). With `cells`, the
+    invariant x scenario cells of the matrix too (the report's per-invariant rows)."""
+    baselines = _latest_per_branch(project)
+    run_ids = [b["latest_run_id"] for b in baselines]
     current = {
         row["id"]: row
         for row in Run.objects.filter(pk__in=run_ids)
@@ -125,9 +155,9 @@ def project_group_changes(
     }
     regressions: list[Regression] = []
     improvements: list[Regression] = []
-    for baseline in sorted(baselines, key=lambda b: b["spec__slug"]):
+    for baseline in baselines:
         run_id = baseline["latest_run_id"]
-        if run_id is None or run_id == baseline["run_id"]:
+        if run_id == baseline["run_id"]:
             continue  # nothing ran since the baseline was taken
         data = baseline["data"] or {}
         pairs = [(groups_by_key(data.get("groups")), groups_by_key(current[run_id]["groups"]))]
@@ -177,6 +207,4 @@ def cells_by_key(matrix: Any) -> dict[str, dict[str, Any]]:
 
 def project_has_baseline(project: Project) -> bool:
     """Whether any spec of the project has an active baseline to compare runs with."""
-    return Baseline.objects.filter(
-        project=project, active=True, branch=DEFAULT_BASELINE_BRANCH
-    ).exists()
+    return Baseline.objects.filter(project=project, active=True).exists()

@@ -292,3 +292,33 @@ def test_a_named_baseline_is_the_reference_whichever_is_active(
     # behavior_unchanged still says `active`: it compares with `current` and fails.
     assert not any(r.passed for r in results(run, "same_behaviour"))
     assert json.loads(json.dumps(run.summary))["exit_code"] == 1
+
+
+def test_each_branch_regresses_against_its_own_baseline_else_mains(
+    project: Project, tmp_path: Path
+) -> None:
+    """Issue 14: the overview and the regressions report compare every branch's latest run
+    with that branch's baseline (else main's), not only main's latest run with main's."""
+    good_main = run_spec(project, spec(GOOD), spec_dir=tmp_path, labels={"branch": "main"})
+    services.baseline_promote(run_id=good_main.pk, user=None, name="release-1")
+    # feature-x has no baseline: its worse run regresses against main's.
+    worse_feature = run_spec(
+        project, spec(WORSE), spec_dir=tmp_path, labels={"branch": "feature-x"}
+    )
+    # staging's own baseline already answered WORSE, so the same answer there is no regression;
+    # and main's latest run is still good, so main has none either.
+    worse_staging = run_spec(project, spec(WORSE), spec_dir=tmp_path, labels={"branch": "staging"})
+    services.baseline_promote(run_id=worse_staging.pk, user=None, name="staging-1")
+    run_spec(project, spec(WORSE), spec_dir=tmp_path, labels={"branch": "staging"})
+    run_spec(project, spec(GOOD), spec_dir=tmp_path, labels={"branch": "main"})
+
+    regressions = selectors.project_regressions(project)
+    assert regressions, "the feature branch's regression is missing"
+    assert {(r.run_id, r.baseline_name) for r in regressions} == {(worse_feature.pk, "release-1")}
+
+    report = selectors.regression_report(project)
+    assert {row.branch for row in report.rows} == {"feature-x"}
+    assert all(row.baseline == "release-1" for row in report.rows)
+    assert selectors.regression_report(project, branch="staging").empty_reason.startswith(
+        "Nothing regressed"
+    )

@@ -267,7 +267,7 @@ def test_overview_query_count_does_not_grow_with_runs(two_projects, client_as, m
     many = _overview_queries(client)
 
     assert many == few
-    assert many <= 8  # session, user, project, membership, runs, regressions (2), trends
+    assert many <= 9  # session, user, project, membership, runs, regressions (3), trends
 
 
 SOURCE_NAMED = """\
