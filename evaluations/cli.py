@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: every execution's sandbox timeout in a row, plus 5 minutes)",
     )
     run.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="without a broker: run N executions at a time (default: two per CPU core)",
+    )
+    run.add_argument(
         "--no-judge-cache",
         action="store_true",
         help="ask the judge again instead of reusing cached verdicts (nothing is cached either)",
@@ -208,7 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     regressions.add_argument("--csv", metavar="FILE", help="write the CSV report")
     regressions.set_defaults(handler=_django_command("cmd_report_regressions"))
     worker = commands.add_parser("worker", help="start a worker that executes queued runs")
-    worker.add_argument("--concurrency", type=int, default=2)
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="executions at a time (default: 2 Celery processes; without a broker, two "
+        "threads per CPU core)",
+    )
     worker.add_argument("--loglevel", default="info")
     worker.add_argument(
         "--beat",

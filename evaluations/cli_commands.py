@@ -141,7 +141,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_SPEC_INVALID
     progress = Progress(sys.stdout)
     if settings.CELERY_TASK_ALWAYS_EAGER:
-        _run_in_process(run.pk, progress)
+        _run_in_process(run.pk, progress, args.jobs or default_jobs())
     else:
         timeout = args.timeout or _default_timeout(run.pk)
         if not _run_on_workers(run.pk, progress, deadline=time.monotonic() + timeout):
@@ -153,6 +153,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
             return EXIT_INTERNAL_ERROR
     return _report(run.pk, args)
+
+
+def default_jobs() -> int:
+    """Executions at a time in `keystone run` without a broker: two per core, since an
+    execution spends most of its time waiting on its agent."""
+    return 2 * (os.cpu_count() or 1)
 
 
 def _default_timeout(run_id: int) -> float:
@@ -167,18 +173,46 @@ def _default_timeout(run_id: int) -> float:
     return per_execution * max(1, run.execution_count or len(spec.prompts)) + 300.0
 
 
-def _run_in_process(run_id: int, progress: Progress) -> None:
+def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
+    """Execute the run's executions here, `jobs` at a time. Threads are enough: an execution
+    mostly waits on its sandbox's processes and on HTTP, and each thread has its own database
+    connection (SQLite takes writers one at a time; see settings). Each execution is claimed
+    before it runs, as on the workers, so no two threads ever run the same one."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from django.db import connections
+
     from evaluations import services
     from evaluations.models import Execution
 
+    worker = f"cli:{os.getpid()}"
+
+    def execute(execution_id: int) -> Execution:
+        try:
+            services.execution_execute(execution_id=execution_id, worker=worker)
+            return Execution.objects.only(
+                "scenario",
+                "prompt_index",
+                "replica",
+                "status",
+                "passed",
+                "pillar",
+                "mutation_type",
+            ).get(pk=execution_id)
+        finally:
+            connections.close_all()  # this thread's connections only
+
     execution_ids = services.run_plan(run_id=run_id)
     total = len(execution_ids)
-    for done, execution_id in enumerate(execution_ids, start=1):
-        services.execution_execute(execution_id=execution_id, worker=f"cli:{os.getpid()}")
-        execution = Execution.objects.only(
-            "scenario", "prompt_index", "replica", "status", "passed", "pillar", "mutation_type"
-        ).get(pk=execution_id)
-        progress.step(done, total, execution)
+    with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="execution") as pool:
+        futures = [pool.submit(execute, execution_id) for execution_id in execution_ids]
+        try:
+            for done, future in enumerate(as_completed(futures), start=1):
+                progress.step(done, total, future.result())
+        except BaseException:
+            for future in futures:  # Ctrl-C or an error: start nothing more
+                future.cancel()
+            raise
     services.run_finalize_if_done(run_id=run_id)
     progress.finish()
 
@@ -367,13 +401,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from django.conf import settings
 
     if settings.CELERY_TASK_ALWAYS_EAGER:
-        from evaluations.embedded_worker import poll_forever
+        from evaluations.embedded_worker import start_pollers
 
-        print("keystone worker: no CELERY_BROKER_URL; polling the database for work")
-        poll_forever(threading.Event())
+        threads = args.concurrency or default_jobs()
+        print(
+            f"keystone worker: no CELERY_BROKER_URL; polling the database for work "
+            f"({threads} executions at a time)"
+        )
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+        pollers = start_pollers(stop, threads)
+        try:
+            while any(poller.is_alive() for poller in pollers):
+                pollers[0].join(timeout=1.0)
+        except KeyboardInterrupt:
+            stop.set()
         return 0
     command = celery_worker_command(
-        concurrency=args.concurrency,
+        concurrency=args.concurrency or 2,
         loglevel=args.loglevel,
         beat_schedule=Path(settings.KEYSTONE_HOME) / "celerybeat-schedule" if args.beat else None,
         # Unique per process, so two workers on one host are two nodes, not one name twice.
@@ -416,13 +461,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         demo_runs_seed(on_step=lambda line: print(line, flush=True))
     stop = threading.Event()
     if settings.CELERY_TASK_ALWAYS_EAGER:
-        from evaluations.embedded_worker import poll_forever
+        from evaluations.embedded_worker import start_pollers
 
         settings.KEYSTONE_EMBEDDED_WORKER = True
-        threading.Thread(
-            target=poll_forever, args=(stop,), daemon=True, name="keystone-worker"
-        ).start()
-        print("keystone serve: embedded worker started (no broker configured)")
+        start_pollers(stop, default_jobs())
+        print(
+            f"keystone serve: embedded worker started (no broker configured; "
+            f"{default_jobs()} executions at a time)"
+        )
     # SIGTERM ends the server like Ctrl-C, through the exit handlers: the agents and the
     # throwaway PostgreSQL cluster this process started are stopped, not left running.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))

@@ -87,10 +87,13 @@ def periodic_once() -> None:
     services.digests_send_due()
 
 
-def poll_forever(stop: threading.Event, interval: float = 1.0) -> None:
-    worker = f"embedded:{os.getpid()}"
+def poll_forever(stop: threading.Event, interval: float = 1.0, *, periodic: bool = True) -> None:
+    """Work until `stop` is set. Several of these may poll one database at once: every
+    execution is claimed before it runs and a run is planned once (services), so they never
+    do the same job twice; only the one with `periodic` runs the periodic jobs."""
+    worker = f"embedded:{os.getpid()}:{threading.get_ident()}"
     last_run = 0
-    next_periodic = 0.0
+    next_periodic = 0.0 if periodic else float("inf")
     while not stop.is_set():
         close_old_connections()
         try:
@@ -106,3 +109,21 @@ def poll_forever(stop: threading.Event, interval: float = 1.0) -> None:
         else:
             last_run = served
     connections.close_all()  # this thread's connections: nothing left open after a stop
+
+
+def start_pollers(stop: threading.Event, threads: int) -> list[threading.Thread]:
+    """`threads` pollers, so that many executions run at once (an execution mostly waits on
+    its agent); the first also runs the periodic jobs."""
+    pollers = [
+        threading.Thread(
+            target=poll_forever,
+            args=(stop,),
+            kwargs={"periodic": index == 0},
+            daemon=True,
+            name=f"keystone-worker-{index}",
+        )
+        for index in range(max(1, threads))
+    ]
+    for poller in pollers:
+        poller.start()
+    return pollers

@@ -1,0 +1,106 @@
+"""Without a broker, executions of a run go several at a time: `keystone run --jobs N`
+(default two per core) and the embedded worker's pollers under `keystone serve` / `keystone
+worker`. Each execution still runs exactly once and every result is stored once, on the
+embedded SQLite default as on PostgreSQL (issue 18)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.embedded]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Six executions of an agent that takes a moment, so executions that run at once overlap.
+SPEC = """\
+version: 1
+id: jobs
+task: {prompts: ["a", "b"]}
+agent: {type: command, command: "sleep 0.4; echo done", timeout: 30}
+sandbox: {backend: local}
+replicas: 3
+invariants:
+  answers: {description: answers, check: {type: contains, value: done}}
+"""
+
+
+def _run(tmp_path: Path, jobs: int) -> list[tuple[datetime, datetime, int]]:
+    home = tmp_path / f"home-{jobs}"
+    spec = tmp_path / "jobs.yaml"
+    spec.write_text(SPEC)
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE"}
+    }
+    env["KEYSTONE_HOME"] = str(home)
+    result = subprocess.run(
+        [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--jobs", str(jobs)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "execution 6/6" in result.stdout
+    with sqlite3.connect(home / "keystone.sqlite3") as db:
+        rows = db.execute(
+            "SELECT started, finished, attempt FROM evaluations_execution ORDER BY started"
+        ).fetchall()
+        results = db.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT execution_id) FROM evaluations_checkresult"
+        ).fetchone()
+    assert results == (6, 6), "each execution's result is stored exactly once"
+    return [(datetime.fromisoformat(s), datetime.fromisoformat(f), a) for s, f, a in rows]
+
+
+def _overlapping(spans: list[tuple[datetime, datetime, int]]) -> int:
+    """How many executions started before the one before them had finished."""
+    return sum(1 for before, after in itertools.pairwise(spans) if after[0] < before[1])
+
+
+def test_jobs_run_executions_at_once_each_exactly_once(tmp_path: Path) -> None:
+    at_once = _run(tmp_path, jobs=3)
+    assert len(at_once) == 6 and all(attempt == 1 for _, _, attempt in at_once)
+    assert _overlapping(at_once) >= 2
+
+    one_by_one = _run(tmp_path, jobs=1)
+    assert len(one_by_one) == 6
+    assert _overlapping(one_by_one) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_embedded_workers_pollers_share_a_run_each_execution_once(project: object) -> None:
+    from evaluations import services
+    from evaluations.embedded_worker import start_pollers
+    from evaluations.models import CheckResult, Execution, Run, RunStatus
+
+    version = services.spec_version_create(project=project, source_yaml=SPEC)
+    run = services.run_create(spec_version=version, spec_dir=str(REPO_ROOT), enqueue=False)
+    stop = threading.Event()
+    pollers = start_pollers(stop, 3)
+    try:
+        deadline = time.monotonic() + 60
+        while Run.objects.get(pk=run.pk).status != RunStatus.COMPLETED:
+            assert time.monotonic() < deadline, "the pollers did not finish the run"
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for poller in pollers:
+            poller.join(timeout=10)
+    executions = list(Execution.objects.filter(run=run))
+    assert len(executions) == 6 and all(e.attempt == 1 for e in executions)
+    # More than one poller took executions: they ran side by side, not one after another.
+    assert len({e.claimed_by for e in executions}) >= 2
+    assert CheckResult.objects.filter(run=run).count() == 6
