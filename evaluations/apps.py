@@ -8,7 +8,5 @@ class EvaluationsConfig(AppConfig):
     verbose_name = "Evaluations"
     default_auto_field = "django.db.models.BigAutoField"
 
-    def ready(self) -> None:
-        # Registers the Celery tasks in every process, so evaluations.queue can send them
-        # by name (eagerly, with no broker) without the services importing the tasks.
-        from evaluations import tasks  # noqa: F401
+    # The Celery tasks are registered when evaluations.queue first sends one (and by the
+    # Celery worker's autodiscovery), not here: most processes never send any.

@@ -8,8 +8,8 @@ alone knows what runs where:
   (evaluations.embedded_worker).
 
 Messages go out after the transaction commits, so a worker never looks for a row it cannot
-see yet. Tasks are looked up by name in the Celery app (evaluations.apps registers them at
-start-up), so the services that enqueue never import the task module that calls them.
+see yet. Tasks are looked up by name in the Celery app, registered the first time work is
+handed on, so the services that enqueue never import the task module that calls them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ FIRING_DELIVER = "evaluations.tasks.firing_deliver"
 def _send(task_name: str, *args: int) -> None:
     from kombu.exceptions import OperationalError
 
-    from keystone_web.celery import app  # Celery is imported only when work is handed on
+    # Celery and the tasks are imported only when work is handed on: importing the tasks
+    # registers them with the app (shared_task), so they can be looked up by name here.
+    from evaluations import tasks  # noqa: F401
+    from keystone_web.celery import app
 
     try:
         app.tasks[task_name].delay(*args)

@@ -19,15 +19,16 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-import psycopg
-import pymysql  # type: ignore[import-untyped, unused-ignore]  # no types-PyMySQL stubs
-from psycopg import sql as pgsql
-from pymysql.constants import CLIENT  # type: ignore[import-untyped, unused-ignore]
-
 from evaluations.runner.http_mock import ServiceTypeError
+
+# The database drivers are imported where a service of their kind is used: most specs
+# have none, and importing both costs every `keystone run` a tenth of a second.
+if TYPE_CHECKING:
+    import psycopg
+    import pymysql  # type: ignore[import-untyped, unused-ignore]  # no types-PyMySQL stubs
 
 DATABASE_TYPES = ("postgres", "mysql", "sqlite")
 MAX_NAME_LENGTH = 63  # PostgreSQL's identifier limit (MySQL allows 64)
@@ -225,6 +226,8 @@ class _ServerDatabaseService(DatabaseService):
 
 def _drop_postgres_database(admin: psycopg.Connection[tuple[Any, ...]], database: str) -> None:
     """Drop the database and its login role (of the same name)."""
+    from psycopg import sql as pgsql
+
     # FORCE: an agent that left a connection open must not keep its database alive.
     admin.execute(
         pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(database))
@@ -238,9 +241,13 @@ class PostgresService(_ServerDatabaseService):
     _conn: psycopg.Connection[tuple[Any, ...]] | None
 
     def _admin_connection(self) -> psycopg.Connection[tuple[Any, ...]]:
+        import psycopg
+
         return psycopg.connect(self.server_url, autocommit=True, connect_timeout=10)
 
     def start(self) -> None:
+        from psycopg import sql as pgsql
+
         role, database = pgsql.Identifier(self.user), pgsql.Identifier(self.database)
         with self._admin_connection() as admin:
             admin.execute(
@@ -263,6 +270,8 @@ class PostgresService(_ServerDatabaseService):
             _drop_postgres_database(admin, self.database)
 
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
+        import psycopg
+
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
         return self._conn
@@ -273,6 +282,8 @@ class PostgresService(_ServerDatabaseService):
             return list(cursor.fetchall()) if cursor.description else []
 
     def snapshot(self) -> dict[str, TableState]:
+        from psycopg import sql as pgsql
+
         with self._lock:
             conn = self._connection()
             tables = conn.execute(
@@ -317,6 +328,9 @@ class MysqlService(_ServerDatabaseService):
     def _connect(
         self, database: str | None, multi: bool = False, *, as_admin: bool = True
     ) -> pymysql.connections.Connection[Any]:
+        import pymysql  # type: ignore[import-untyped, unused-ignore]
+        from pymysql.constants import CLIENT  # type: ignore[import-untyped, unused-ignore]
+
         query = dict(pair.split("=", 1) for pair in self._parts.query.split("&") if "=" in pair)
         return pymysql.connect(
             host=self._parts.hostname or "127.0.0.1",
@@ -362,6 +376,8 @@ class MysqlService(_ServerDatabaseService):
         self.take_baseline()
 
     def drop(self) -> None:
+        import pymysql  # type: ignore[import-untyped, unused-ignore]
+
         admin = self._connect(None)
         try:
             with admin.cursor() as cursor:
@@ -532,6 +548,9 @@ def sweep_stale_databases(
     """Drop the per-execution databases created more than `older_than` seconds ago: what a
     worker killed mid-execution could not drop itself. Call it periodically with an age well
     above the longest execution. Returns the names dropped."""
+    import psycopg
+    from psycopg import sql as pgsql
+
     limit = time.time() - older_than
     dropped: list[str] = []
 
