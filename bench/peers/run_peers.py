@@ -9,7 +9,12 @@ in a fresh KEYSTONE_HOME made for this script, migrated by one untimed run first
 user's second run would find it) and the whole `flakestorm contract run -c CONFIG` process,
 alternately, --repeat times each: wall time and peak RSS of the process tree (the sum of
 the resident sets of the command and its descendants, sampled every 50 ms from /proc; the
-largest single process, from wait4, is printed too). Then both tools' invariant x
+largest single process, from wait4, is printed too), and the agent calls each made. The
+headline ratio compares like with like: keystone-job.yaml asks for `isolation:
+per_invariant`, one agent call per invariant x scenario x prompt as Flakestorm's contract
+engine makes (it skips the rest of a cell's prompts after a failure: 382 calls here); the
+same spec in Keystone's default isolation (one call per scenario x prompt, every invariant
+checked on it) is measured too, as a third row. Then both tools' invariant x
 scenario verdicts side by side, and reference 001's example contract (keystone-ref001.yaml,
 flakestorm-ref001.yaml) in both: Flakestorm scores it 57.1% because it ignores `when`,
 Keystone 80.0.
@@ -73,9 +78,15 @@ def ensure_flakestorm(venv: Path) -> Path:
     shutil.rmtree(venv, ignore_errors=True)
     steps = [
         [sys.executable, "-m", "venv", str(venv)],
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-         f"flakestorm=={FLAKESTORM_VERSION}"],
-    ]  # fmt: skip
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            f"flakestorm=={FLAKESTORM_VERSION}",
+        ],
+    ]
     for step in steps:
         try:
             done = subprocess.run(step, capture_output=True, text=True, timeout=900)
@@ -96,8 +107,9 @@ def _installed_version(venv: Path) -> str | None:
         return None
     done = subprocess.run(
         [str(python), "-c", "import importlib.metadata as m; print(m.version('flakestorm'))"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     return done.stdout.strip() if done.returncode == 0 else None
 
 
@@ -107,8 +119,9 @@ def _installed_version(venv: Path) -> str | None:
 def start_agent() -> tuple[subprocess.Popen[str], int]:
     agent = subprocess.Popen(
         [sys.executable, str(HERE / "agent.py"), "--port", "0"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert agent.stdout is not None
     line = agent.stdout.readline()
     found = re.match(r"listening on (\d+)", line)
@@ -237,8 +250,11 @@ def flakestorm_verdicts(measured: Measured, command: Path, config: Path, out: Pa
     python = command.parent / "python"
     done = subprocess.run(
         [str(python), str(HERE / "flakestorm_cells.py"), str(config), str(out)],
-        cwd=config.parent, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode != 0:
         raise Crashed(f"flakestorm_cells.py exited {done.returncode}:\n{done.stderr[-3000:]}")
     data = json.loads(out.read_text())
@@ -265,6 +281,7 @@ def spread(values: list[float], fmt: str) -> str:
 def print_verdicts(title: str, keystone: Verdicts, flakestorm: Verdicts) -> list[str]:
     """Both tools' cells side by side; returns the cells whose verdicts differ."""
     print(f"\n{title}")
+    print("  (cells passed / cells evaluated, over the scenarios)")
     invariants = list(dict.fromkeys(i for i, _ in [*keystone.cells, *flakestorm.cells]))
     scenarios = list(dict.fromkeys(s for _, s in [*keystone.cells, *flakestorm.cells]))
     width = max(len(i) for i in invariants) + 2
@@ -275,7 +292,7 @@ def print_verdicts(title: str, keystone: Verdicts, flakestorm: Verdicts) -> list
         for verdicts in (keystone, flakestorm):
             here = [verdicts.cells.get((invariant, s)) for s in scenarios]
             evaluated = [v for v in here if v is not None]
-            columns.append(f"pass {sum(evaluated)}/{len(evaluated)} of {len(scenarios)}")
+            columns.append(f"{sum(evaluated)}/{len(evaluated)} pass")
         print(f"  {invariant:<{width}}{columns[0]:<22}{columns[1]:<22}")
         for scenario in scenarios:
             mine = keystone.cells.get((invariant, scenario))
@@ -314,19 +331,25 @@ def main() -> int:
     try:
         flakestorm = ensure_flakestorm(args.flakestorm_venv)
     except CannotInstall as error:
-        print(f"SKIPPED: Flakestorm {FLAKESTORM_VERSION} cannot be installed here, nothing was "
-              f"measured:\n{error}", flush=True)  # fmt: skip
+        print(
+            f"SKIPPED: Flakestorm {FLAKESTORM_VERSION} cannot be installed here, nothing was "
+            f"measured:\n{error}",
+            flush=True,
+        )
         return EXIT_CANNOT_INSTALL
     tmp = Path(tempfile.mkdtemp(prefix="keystone-peers-"))
     agent, port = start_agent()
     keystone_env = {
-        **{k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE")},
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE")
+        },
         "KEYSTONE_HOME": str(tmp / "home"),  # the embedded default, on SQLite, of its own
         # The spec says `sandbox: local`; an HTTP agent runs outside any sandbox anyway.
         "KEYSTONE_POLICY_MIN_BACKEND": "local",
         "PYTHONPATH": str(ROOT),
-    }  # fmt: skip
+    }
     flakestorm_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     try:
         return run(args.repeat, flakestorm, port, tmp, keystone_env, flakestorm_env)
@@ -347,55 +370,111 @@ def run(
     keystone_env: dict[str, str],
     flakestorm_env: dict[str, str],
 ) -> int:
-    specs = {name: fill(HERE / name, port, tmp) for name in (
-        "keystone-ref001.yaml", "flakestorm-ref001.yaml", "keystone-job.yaml",
-        "flakestorm-job.yaml")}  # fmt: skip
+    specs = {
+        name: fill(HERE / name, port, tmp)
+        for name in (
+            "keystone-ref001.yaml",
+            "flakestorm-ref001.yaml",
+            "keystone-job.yaml",
+            "flakestorm-job.yaml",
+        )
+    }
+    # The same job in Keystone's default isolation: one agent call per scenario x prompt,
+    # every invariant checked on it (50 calls instead of 500), for the same verdicts.
+    isolated = specs["keystone-job.yaml"].read_text()
+    if "\nisolation: per_invariant\n" not in isolated:
+        raise SystemExit("keystone-job.yaml: expected `isolation: per_invariant`")
+    shared = tmp / "keystone-job-shared.yaml"
+    shared.write_text(isolated.replace("\nisolation: per_invariant\n", "\n"))
 
     # Reference 001's example first: untimed, and it migrates Keystone's fresh database and
     # warms both tools' files in the page cache before the timed runs.
     report = tmp / "ref001.json"
     keystone_ref = keystone_verdicts(
-        measure(keystone_argv(specs["keystone-ref001.yaml"], report),
-                cwd=ROOT, env=keystone_env, port=port), report)  # fmt: skip
+        measure(
+            keystone_argv(specs["keystone-ref001.yaml"], report),
+            cwd=ROOT,
+            env=keystone_env,
+            port=port,
+        ),
+        report,
+    )
     config = specs["flakestorm-ref001.yaml"]
     flakestorm_ref = flakestorm_verdicts(
         measure(flakestorm_argv(flakestorm, config), cwd=tmp, env=flakestorm_env, port=port),
-        flakestorm, config, tmp / "ref001-flakestorm.json")  # fmt: skip
+        flakestorm,
+        config,
+        tmp / "ref001-flakestorm.json",
+    )
 
     keystone_runs: list[Measured] = []
     flakestorm_runs: list[Measured] = []
-    job_report = tmp / "job.json"
-    for index in range(repeat):  # alternately, so both see the same machine load
+    shared_runs: list[Measured] = []
+    job_report, shared_report = tmp / "job.json", tmp / "job-shared.json"
+    for index in range(repeat):  # alternately, so all see the same machine load
         keystone_runs.append(
-            measure(keystone_argv(specs["keystone-job.yaml"], job_report),
-                    cwd=ROOT, env=keystone_env, port=port))  # fmt: skip
+            measure(
+                keystone_argv(specs["keystone-job.yaml"], job_report),
+                cwd=ROOT,
+                env=keystone_env,
+                port=port,
+            )
+        )
         flakestorm_runs.append(
-            measure(flakestorm_argv(flakestorm, specs["flakestorm-job.yaml"]),
-                    cwd=tmp, env=flakestorm_env, port=port))  # fmt: skip
-        print(f"run {index + 1}/{repeat}: keystone {keystone_runs[-1].seconds:.2f} s, "
-              f"flakestorm {flakestorm_runs[-1].seconds:.2f} s", flush=True)  # fmt: skip
+            measure(
+                flakestorm_argv(flakestorm, specs["flakestorm-job.yaml"]),
+                cwd=tmp,
+                env=flakestorm_env,
+                port=port,
+            )
+        )
+        shared_runs.append(
+            measure(keystone_argv(shared, shared_report), cwd=ROOT, env=keystone_env, port=port)
+        )
+        print(
+            f"run {index + 1}/{repeat}: keystone {keystone_runs[-1].seconds:.2f} s, "
+            f"flakestorm {flakestorm_runs[-1].seconds:.2f} s, keystone with its default "
+            f"isolation {shared_runs[-1].seconds:.2f} s",
+            flush=True,
+        )
+    # Every timed run must have run to a verdict (the reports kept are the last runs').
+    for name, runs, ok in [
+        ("keystone run", keystone_runs + shared_runs, (0, 1)),
+        ("flakestorm contract run", flakestorm_runs, (0,)),
+    ]:
+        for measured in runs:
+            if measured.returncode not in ok or "Traceback" in measured.output:
+                raise Crashed(f"{name} exited {measured.returncode}:\n{measured.output[-3000:]}")
     keystone_job = keystone_verdicts(keystone_runs[-1], job_report)
+    keystone_shared = keystone_verdicts(shared_runs[-1], shared_report)
     config = specs["flakestorm-job.yaml"]
     flakestorm_job = flakestorm_verdicts(
         flakestorm_runs[-1], flakestorm, config, tmp / "job-flakestorm.json"
     )
 
-    print("\npeers job: 10 invariants x 10 scenarios x 5 prompts, a local HTTP agent that "
-          f"answers at once; min / median / max over {repeat} run(s)")  # fmt: skip
+    print(
+        "\npeers job: 10 invariants x 10 scenarios x 5 prompts, a local HTTP agent that "
+        f"answers at once; min / median / max over {repeat} run(s)"
+    )
     rows = [
         (f"keystone run ({ROOT.name})", keystone_runs),
         (f"flakestorm {FLAKESTORM_VERSION} contract run", flakestorm_runs),
+        ("keystone run, default isolation", shared_runs),
     ]
-    print(f"  {'':<34}{'wall time':<26}{'peak RSS, process tree':<30}"
-          f"{'largest process':<18}agent calls")  # fmt: skip
+    print(
+        f"  {'':<34}{'wall time':<26}{'peak RSS, process tree':<30}"
+        f"{'largest process':<18}agent calls"
+    )
     for name, runs in rows:
         walls = [m.seconds for m in runs]
         trees = [m.tree_peak_rss / 1e6 for m in runs]
         largest = statistics.median(m.largest_process_rss for m in runs)
         calls = sorted({m.agent_calls for m in runs})
-        print(f"  {name:<34}{spread(walls, '{:.2f}') + ' s':<26}"
-              f"{spread(trees, '{:.1f}') + ' MB':<30}{mb(largest):<18}"
-              f"{', '.join(map(str, calls))}")  # fmt: skip
+        print(
+            f"  {name:<34}{spread(walls, '{:.2f}') + ' s':<26}"
+            f"{spread(trees, '{:.1f}') + ' MB':<30}{mb(largest):<18}"
+            f"{', '.join(map(str, calls))}"
+        )
     keystone_wall = statistics.median(m.seconds for m in keystone_runs)
     flakestorm_wall = statistics.median(m.seconds for m in flakestorm_runs)
     keystone_rss = statistics.median(m.tree_peak_rss for m in keystone_runs)
@@ -405,18 +484,31 @@ def run(
     print(f"keystone wall time: {keystone_wall:.3f} s")
     print(f"flakestorm wall time: {flakestorm_wall:.3f} s")
     print(f"wall time ratio (flakestorm / keystone): {ratio:.2f}x (target >= 5x)")
+    shared_wall = statistics.median(m.seconds for m in shared_runs)
+    print(
+        f"keystone wall time, default isolation: {shared_wall:.3f} s "
+        f"(ratio {flakestorm_wall / shared_wall:.2f}x)"
+    )
     print(f"keystone peak RSS: {keystone_rss / 1e6:.1f} MB")
     print(f"flakestorm peak RSS: {flakestorm_rss / 1e6:.1f} MB (target: keystone's <= this)")
 
-    differ = print_verdicts("verdicts, the job (invariant x scenario cells)",
-                            keystone_job, flakestorm_job)  # fmt: skip
+    differ = print_verdicts(
+        "verdicts, the job (invariant x scenario cells)", keystone_job, flakestorm_job
+    )
+    differ += print_verdicts(
+        "verdicts, the job, Keystone's default isolation", keystone_shared, flakestorm_job
+    )
     print_verdicts(
         "verdicts, reference 001's example contract (Flakestorm ignores `when`: it checks "
-        "never-fabricate-when-tools-fail in every scenario)", keystone_ref, flakestorm_ref,
-    )  # fmt: skip
-    print(f"reference 001 example: keystone resilience {keystone_ref.score:.1f} "
-          f"(documented {REF001_KEYSTONE}), flakestorm {flakestorm_ref.score:.1f}% "
-          f"(documented {REF001_FLAKESTORM}%)")  # fmt: skip
+        "never-fabricate-when-tools-fail in every scenario)",
+        keystone_ref,
+        flakestorm_ref,
+    )
+    print(
+        f"reference 001 example: keystone resilience {keystone_ref.score:.1f} "
+        f"(documented {REF001_KEYSTONE}), flakestorm {flakestorm_ref.score:.1f}% "
+        f"(documented {REF001_FLAKESTORM}%)"
+    )
 
     missed = []
     if ratio < 5:
