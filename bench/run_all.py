@@ -153,18 +153,22 @@ def benches(tmp: Path) -> list[Bench]:
               number_after(r"median ([\d.]+) ms"), "ms",
               smoke_argv=[PYTHON, "bench/bench_compare.py", "--requests", "2", "--replicas", "3",
                           "--database-url", f"{PG}/keystone_bench_compare_smoke"]),
-        Bench("same job as Flakestorm 2.0 (10 invariants x 10 scenarios x 5 prompts, local HTTP "
-              "agent), wall time ratio `flakestorm contract run` / `keystone run`", ">= 5x",
+        Bench("peers: wall time ratio `flakestorm contract run` / `keystone run`, the same job "
+              "(10 invariants x 10 scenarios x 5 prompts, a local HTTP agent)", ">= 5x",
               [PYTHON, "bench/peers/run_peers.py", "--repeat", "1"],
               number_after(r"wall time ratio \(flakestorm / keystone\): ([\d.]+)x"), "x",
               more=(
-                  Figure("same job, `keystone run` wall time", "-",
+                  Figure("peers: `keystone run` wall time", "-",
                          number_after(r"keystone wall time: ([\d.]+) s"), "s"),
-                  Figure("same job, `flakestorm contract run` wall time", "-",
+                  Figure("peers: `flakestorm contract run` wall time", "-",
                          number_after(r"flakestorm wall time: ([\d.]+) s"), "s"),
-                  Figure("same job, `keystone run` peak RSS (process tree)",
+                  Figure("peers: `keystone run` in its default isolation (50 agent calls, "
+                         "same verdicts) wall time", "-",
+                         number_after(r"keystone wall time, default isolation: ([\d.]+) s"),
+                         "s"),
+                  Figure("peers: `keystone run` peak RSS (process tree)",
                          "<= Flakestorm's", number_after(r"keystone peak RSS: ([\d.]+) MB"), "MB"),
-                  Figure("same job, `flakestorm contract run` peak RSS (process tree)", "-",
+                  Figure("peers: `flakestorm contract run` peak RSS (process tree)", "-",
                          number_after(r"flakestorm peak RSS: ([\d.]+) MB"), "MB"),
               ),
               not_in_smoke="it installs Flakestorm from the package registry and takes about "
@@ -224,6 +228,13 @@ def main() -> int:
     parser.add_argument(
         "--out", help="where the Markdown table goes (default: docs/performance.md)"
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="TEXT",
+        help="run only the benchmarks whose figure contains TEXT (repeatable); their rows "
+        "replace the same rows of the existing table, the others are kept",
+    )
     args = parser.parse_args()
     repeat = 1 if args.smoke else args.repeat
     tmp = Path(tempfile.mkdtemp(prefix="keystone-bench-all-"))
@@ -235,8 +246,15 @@ def main() -> int:
         "PYTHONPATH": str(ROOT),
     }
     rows = []
+    chosen = [
+        bench
+        for bench in benches(tmp)
+        if not args.only or any(t.lower() in bench.figure.lower() for t in args.only)
+    ]
+    if not chosen:
+        raise SystemExit(f"--only {args.only}: no benchmark's figure contains that")
     try:
-        for bench in benches(tmp):
+        for bench in chosen:
             if args.smoke and bench.not_in_smoke:
                 print(f"NOT RUN in --smoke: {bench.figure}: {bench.not_in_smoke}", flush=True)
                 continue
@@ -266,8 +284,12 @@ def main() -> int:
     finally:
         redis.terminate()
         shutil.rmtree(tmp, ignore_errors=True)
-    table = render(rows, repeat, smoke=args.smoke)
     out = Path(args.out) if args.out else (None if args.smoke else ROOT / "docs/performance.md")
+    if args.only and out is not None and out.exists():
+        only = " ".join(f"--only {t!r}" if " " in t else f"--only {t}" for t in args.only)
+        table = merge(out.read_text(), rows, f"python bench/run_all.py {only} --repeat {repeat}")
+    else:
+        table = render(rows, repeat, smoke=args.smoke)
     if out is not None:
         out.write_text(table)
         print(f"wrote {out}")
@@ -292,6 +314,24 @@ def render(rows: list[tuple[str, str, str, str]], repeat: int, *, smoke: bool) -
         for figure, target, measured, command in rows
     ]
     return "\n".join(lines) + "\n"
+
+
+def merge(existing: str, rows: list[tuple[str, str, str, str]], command: str) -> str:
+    """The existing table with `rows` in place of the rows of the same figure (new ones at
+    the end), and a note saying which rows were measured when, by what."""
+    lines = existing.rstrip("\n").split("\n")
+    fresh = {row[0]: row for row in rows}
+    table_end = max(i for i, line in enumerate(lines) if line.startswith("| "))
+    merged = []
+    for line in lines[: table_end + 1]:
+        figure = line[2:].split(" | ")[0] if line.startswith("| ") else None
+        row = fresh.pop(figure, None) if figure else None
+        merged.append(line if row is None else "| " + " | ".join(row) + " |")
+    merged += ["| " + " | ".join(row) + " |" for row in fresh.values()]
+    notes = [line for line in lines[table_end + 1 :] if line.strip()]
+    names = "; ".join(figure for figure, *_ in rows)
+    notes.append(f"Rows re-measured on {datetime.date.today():%Y-%m-%d} by `{command}`: {names}.")
+    return "\n".join(merged + [""] + "\n\n".join(notes).split("\n")) + "\n"
 
 
 if __name__ == "__main__":
