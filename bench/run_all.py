@@ -329,8 +329,11 @@ def merge(existing: str, rows: list[tuple[str, str, str, str]], command: str) ->
         merged.append(line if row is None else "| " + " | ".join(row) + " |")
     merged += ["| " + " | ".join(row) + " |" for row in fresh.values()]
     notes = [line for line in lines[table_end + 1 :] if line.strip()]
-    names = "; ".join(figure for figure, *_ in rows)
-    notes.append(f"Rows re-measured on {datetime.date.today():%Y-%m-%d} by `{command}`: {names}.")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    notes.append(
+        f"The {len(rows)} rows measured by `{command}` are from "
+        f"{datetime.date.today():%Y-%m-%d} (load average at the end {load}); the others as above."
+    )
     return "\n".join(merged + [""] + "\n\n".join(notes).split("\n")) + "\n"
 
 
