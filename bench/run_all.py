@@ -47,6 +47,16 @@ invariants:
 
 
 @dataclass(frozen=True)
+class Figure:
+    """One more row read from the same runs of a benchmark."""
+
+    figure: str
+    target: str
+    read: Callable[[str, float], float]
+    unit: str
+
+
+@dataclass(frozen=True)
 class Bench:
     figure: str
     target: str
@@ -55,6 +65,12 @@ class Bench:
     unit: str
     smoke_argv: list[str] | None = None  # a smaller size for --smoke
     warm_up: bool = False  # one run first, not counted (a fresh home migrates its database)
+    more: tuple[Figure, ...] = ()  # further rows from the same output
+    # Not run by --smoke, for this reason (printed, so it never silently vanishes).
+    not_in_smoke: str = ""
+    # An exit code meaning "this benchmark cannot run on this machine": its output's last
+    # lines are printed and put in the table instead of figures.
+    cannot_run_exit: int | None = None
 
 
 def wall_ms(_: str, seconds: float) -> float:
@@ -137,6 +153,27 @@ def benches(tmp: Path) -> list[Bench]:
               number_after(r"median ([\d.]+) ms"), "ms",
               smoke_argv=[PYTHON, "bench/bench_compare.py", "--requests", "2", "--replicas", "3",
                           "--database-url", f"{PG}/keystone_bench_compare_smoke"]),
+        Bench("peers: wall time ratio `flakestorm contract run` / `keystone run`, the same job "
+              "(10 invariants x 10 scenarios x 5 prompts, a local HTTP agent)", ">= 5x",
+              [PYTHON, "bench/peers/run_peers.py", "--repeat", "1"],
+              number_after(r"wall time ratio \(flakestorm / keystone\): ([\d.]+)x"), "x",
+              more=(
+                  Figure("peers: `keystone run` wall time", "-",
+                         number_after(r"keystone wall time: ([\d.]+) s"), "s"),
+                  Figure("peers: `flakestorm contract run` wall time", "-",
+                         number_after(r"flakestorm wall time: ([\d.]+) s"), "s"),
+                  Figure("peers: `keystone run` in its default isolation (50 agent calls, "
+                         "same verdicts) wall time", "-",
+                         number_after(r"keystone wall time, default isolation: ([\d.]+) s"),
+                         "s"),
+                  Figure("peers: `keystone run` peak RSS (process tree)",
+                         "<= Flakestorm's", number_after(r"keystone peak RSS: ([\d.]+) MB"), "MB"),
+                  Figure("peers: `flakestorm contract run` peak RSS (process tree)", "-",
+                         number_after(r"flakestorm peak RSS: ([\d.]+) MB"), "MB"),
+              ),
+              not_in_smoke="it installs Flakestorm from the package registry and takes about "
+              "a minute at any size; run bench/peers/run_peers.py",
+              cannot_run_exit=3),
         Bench("every page, worst p95 server time, 200,000 executions / 2,000,000 results",
               "<= 50 ms",
               [PYTHON, "bench/bench_pages.py", "--requests", "40",
@@ -166,15 +203,22 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     return server, f"redis://127.0.0.1:{port}/3"
 
 
-def run_bench(bench: Bench, argv: list[str], env: dict[str, str]) -> float:
+class CannotRun(Exception):
+    """The benchmark says it cannot run on this machine (its own exit code), and why."""
+
+
+def run_bench(bench: Bench, argv: list[str], env: dict[str, str]) -> list[float]:
+    """The benchmark's figures: its own, then its `more` rows'."""
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     seconds = time.perf_counter() - started
     output = done.stdout + done.stderr
+    if bench.cannot_run_exit is not None and done.returncode == bench.cannot_run_exit:
+        raise CannotRun(output.strip()[-1500:])
     # A benchmark's exit code says whether it met its own target; only a crash stops us.
     if done.returncode not in (0, 1) or "Traceback" in output:
         raise SystemExit(f"{bench.figure}: exit {done.returncode}\n{output[-3000:]}")
-    return bench.read(output, seconds)
+    return [bench.read(output, seconds)] + [more.read(output, seconds) for more in bench.more]
 
 
 def main() -> int:
@@ -183,6 +227,13 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="smallest sizes, once each")
     parser.add_argument(
         "--out", help="where the Markdown table goes (default: docs/performance.md)"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="TEXT",
+        help="run only the benchmarks whose figure contains TEXT (repeatable); their rows "
+        "replace the same rows of the existing table, the others are kept",
     )
     args = parser.parse_args()
     repeat = 1 if args.smoke else args.repeat
@@ -195,24 +246,50 @@ def main() -> int:
         "PYTHONPATH": str(ROOT),
     }
     rows = []
+    chosen = [
+        bench
+        for bench in benches(tmp)
+        if not args.only or any(t.lower() in bench.figure.lower() for t in args.only)
+    ]
+    if not chosen:
+        raise SystemExit(f"--only {args.only}: no benchmark's figure contains that")
     try:
-        for bench in benches(tmp):
+        for bench in chosen:
+            if args.smoke and bench.not_in_smoke:
+                print(f"NOT RUN in --smoke: {bench.figure}: {bench.not_in_smoke}", flush=True)
+                continue
             argv = (bench.smoke_argv or bench.argv) if args.smoke else bench.argv
             argv = [part.replace("{redis}", redis_url) for part in argv]
-            if bench.warm_up and not args.smoke:
-                run_bench(bench, argv, env)
-            figures = [run_bench(bench, argv, env) for _ in range(repeat)]
             command = " ".join(Path(p).name if p == PYTHON else p for p in argv)
-            command = command.replace(str(tmp) + "/", "")
-            low, mid, high = min(figures), statistics.median(figures), max(figures)
-            measured = f"{low:.4g} / {mid:.4g} / {high:.4g} {bench.unit}"
-            rows.append((bench.figure, bench.target, measured, f"`{command}`"))
-            print(f"{bench.figure}: {measured} (target {bench.target})", flush=True)
+            command = f"`{command.replace(str(tmp) + '/', '')}`"
+            try:
+                if bench.warm_up and not args.smoke:
+                    run_bench(bench, argv, env)
+                runs = [run_bench(bench, argv, env) for _ in range(repeat)]
+            except CannotRun as reason:
+                # Loudly, on the terminal and in the table: never a silently missing row.
+                print(f"CANNOT RUN: {bench.figure}:\n{reason}", flush=True)
+                last = str(reason).splitlines()[-1].replace("|", "/")
+                rows.append((bench.figure, bench.target, f"not measured: {last}", command))
+                continue
+            for index, (figure, target, unit) in enumerate(
+                [(bench.figure, bench.target, bench.unit)]
+                + [(more.figure, more.target, more.unit) for more in bench.more]
+            ):
+                figures = [run[index] for run in runs]
+                low, mid, high = min(figures), statistics.median(figures), max(figures)
+                measured = f"{low:.4g} / {mid:.4g} / {high:.4g} {unit}"
+                rows.append((figure, target, measured, command))
+                print(f"{figure}: {measured} (target {target})", flush=True)
     finally:
         redis.terminate()
         shutil.rmtree(tmp, ignore_errors=True)
-    table = render(rows, repeat, smoke=args.smoke)
     out = Path(args.out) if args.out else (None if args.smoke else ROOT / "docs/performance.md")
+    if args.only and out is not None and out.exists():
+        only = " ".join(f"--only {t!r}" if " " in t else f"--only {t}" for t in args.only)
+        table = merge(out.read_text(), rows, f"python bench/run_all.py {only} --repeat {repeat}")
+    else:
+        table = render(rows, repeat, smoke=args.smoke)
     if out is not None:
         out.write_text(table)
         print(f"wrote {out}")
@@ -237,6 +314,27 @@ def render(rows: list[tuple[str, str, str, str]], repeat: int, *, smoke: bool) -
         for figure, target, measured, command in rows
     ]
     return "\n".join(lines) + "\n"
+
+
+def merge(existing: str, rows: list[tuple[str, str, str, str]], command: str) -> str:
+    """The existing table with `rows` in place of the rows of the same figure (new ones at
+    the end), and a note saying which rows were measured when, by what."""
+    lines = existing.rstrip("\n").split("\n")
+    fresh = {row[0]: row for row in rows}
+    table_end = max(i for i, line in enumerate(lines) if line.startswith("| "))
+    merged = []
+    for line in lines[: table_end + 1]:
+        figure = line[2:].split(" | ")[0] if line.startswith("| ") else None
+        row = fresh.pop(figure, None) if figure else None
+        merged.append(line if row is None else "| " + " | ".join(row) + " |")
+    merged += ["| " + " | ".join(row) + " |" for row in fresh.values()]
+    notes = [line for line in lines[table_end + 1 :] if line.strip()]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    notes.append(
+        f"The {len(rows)} rows measured by `{command}` are from "
+        f"{datetime.date.today():%Y-%m-%d} (load average at the end {load}); the others as above."
+    )
+    return "\n".join(merged + [""] + "\n\n".join(notes).split("\n")) + "\n"
 
 
 if __name__ == "__main__":
