@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from checks.artifact import HttpCall
+from evaluations.runner.loopback import ServerThread
 
 DEFAULT_RESPONSE: dict[str, Any] = {"status": 404, "response": {"error": "no route"}}
 
@@ -210,7 +211,7 @@ class HttpMockService:
         self.name = self.config.name
         self._log = _Log()
         self._server: _MockServer | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: ServerThread | None = None
 
     @property
     def port(self) -> int:
@@ -224,21 +225,15 @@ class HttpMockService:
 
     def start(self) -> None:
         self._server = _MockServer(self.config, self._log)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.02},  # how long stop() may wait for the loop
-            name=f"http_mock-{self.name}",
-            daemon=True,
-        )
+        self._thread = ServerThread(self._server, name=f"http_mock-{self.name}")
         self._thread.start()
 
     def stop(self) -> None:
         if self._server is None:
             return
-        self._server.shutdown()
-        self._server.server_close()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.stop()
+        self._server.server_close()
         self._server = None
         self._thread = None
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from evaluations.runner.loopback import ServerThread
+
 # A fixed creation time keeps scripted responses byte-for-byte reproducible.
 SCRIPTED_CREATED = 1_700_000_000
 
@@ -596,12 +598,7 @@ class LoopbackHTTPServer:
 
     def __init__(self, handler: Handler) -> None:
         self._server = _Server(handler)
-        # A short poll interval keeps close() quick: one gateway is opened and closed per execution.
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.01},
-            daemon=True,
-        )
+        self._thread = ServerThread(self._server, name="loopback-http")
         self._started = False
 
     @property
@@ -620,8 +617,7 @@ class LoopbackHTTPServer:
 
     def close(self) -> None:
         if self._started:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
+            self._thread.stop()
             self._started = False
         self._server.close_connections()
         self._server.server_close()

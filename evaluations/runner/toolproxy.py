@@ -34,6 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from checks.artifact import LLMCall, ToolCall
 from evaluations.runner.context_attacks import apply_to_tool_result, inject_payload
+from evaluations.runner.loopback import ServerThread
 
 TOOL_FAULT_MODES = ("error", "timeout", "slow", "malformed", "empty", "malicious_response")
 PROXY_ENV = "KEYSTONE_PROXY_URL"
@@ -129,7 +130,7 @@ class ToolProxy:
         self._sequence = 0
         self._closing = threading.Event()
         self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: ServerThread | None = None
 
     def _resolve_targets(
         self, tools: list[dict[str, Any]], service_urls: dict[str, str]
@@ -166,21 +167,15 @@ class ToolProxy:
         handler = type("_BoundToolProxyHandler", (_ToolProxyHandler,), {"proxy": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            # stop() waits up to one poll interval: it ends every execution, so keep it short.
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.01},
-            daemon=True,
-        )
+        self._thread = ServerThread(self._server, name="tool-proxy")
         self._thread.start()
 
     def stop(self) -> None:
         self._closing.set()  # wakes handlers sleeping in a timeout/slow fault
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.stop()
+        if self._server is not None:
+            self._server.server_close()
         self._server = None
         self._thread = None
 
