@@ -1,0 +1,50 @@
+"""evaluations.runner.loopback: the execution's local servers serve on a thread and stop
+when asked, however many connections they served or are serving."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from evaluations.runner.loopback import ServerThread
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = b"hello"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def test_serves_until_stopped_then_refuses() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    server.daemon_threads = True
+    port = server.server_address[1]
+    thread = ServerThread(server, name="test-loopback")
+    thread.start()
+    for _ in range(20):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
+            assert answer.read() == b"hello"
+    # A client that connected and says nothing must not hold the stop.
+    idle = socket.create_connection(("127.0.0.1", port), timeout=5)
+    thread.stop()
+    server.server_close()
+    idle.close()
+    assert not thread._thread.is_alive()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
+
+
+def test_stop_before_start_is_harmless() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    thread = ServerThread(server, name="never-started")
+    thread.stop()
+    server.server_close()
