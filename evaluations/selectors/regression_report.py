@@ -167,7 +167,8 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
             status=r.current_status,
             failure_codes=r.failure_codes,
             run_url=reverse("run_detail", args=[project.slug, r.run_id]),
-            compare_url=reverse("run_compare", args=[project.slug, r.run_id]),
+            compare_url=reverse("run_compare", args=[project.slug, r.run_id])
+            + f"#{r.compare_anchor}",
             baseline_counts=r.baseline_counts,
             current_counts=r.current_counts,
             p_value=r.p_value,

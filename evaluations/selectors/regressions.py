@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db.models import Max
 from django.db.models.fields.json import KeyTransform
+from django.utils.text import slugify
 
 from checks.compare import p_drop
 from evaluations.models import (
@@ -46,6 +47,15 @@ class Regression:
     invariant: str = ""
     scenario: str = ""
     prompt_index: int | None = None
+
+    @property
+    def compare_anchor(self) -> str:
+        """The id of this change's row on the compare page (templates/runs/run_compare.html)."""
+        return change_anchor("invariant" if self.invariant else "group", self.group)
+
+
+def change_anchor(kind: str, key: str) -> str:
+    return f"change-{kind}-{slugify(key)}"
 
 
 def group_key(group: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ compare page (diffed outputs), in `keystone compare` (exit 1) and in its Markdow
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,12 @@ def test_promote_on_main_change_the_agent_and_see_the_regression(
     assert "<strong>Regressed</strong>" in html and "(the baseline)" in html
     assert html.count('<details class="execution-pair"') == 8
     assert "Your order was <del>refunded</del><ins>declined</ins>" in html
+
+    # The overview's regression rows link to the compare page at the row of that change.
+    overview = client.get(reverse("overview", args=[worse.project.slug])).content.decode()
+    links = re.findall(r'href="([^"]*/compare/#change-[^"]+)"', overview)
+    assert links, "no regression row links to its change on the compare page"
+    for link in links:
+        fragment = link.partition("#")[2]
+        assert f'id="{fragment}"' in html, f"the compare page has no row {fragment}"
+    assert any(link.endswith("#change-group-no-chaos-prompt-0") for link in links)

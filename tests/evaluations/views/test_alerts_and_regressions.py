@@ -139,7 +139,9 @@ def test_the_report_lists_a_regression_and_exports_it(
     page = client.get(report_url(mine)).content.decode()
     assert "no-chaos / prompt 0" in page and "CONTAINS_FAILED" in page
     assert f'href="/p/{mine.slug}/runs/{regressed.pk}/"' in page
-    assert f'href="/p/{mine.slug}/runs/{regressed.pk}/compare/"' in page
+    assert (
+        f'href="/p/{mine.slug}/runs/{regressed.pk}/compare/#change-group-no-chaos-prompt-0"' in page
+    )
     data = json.loads(client.get(report_url(mine, format="json")).content)
     (row,) = data["regressions"]
     assert (row["spec"], row["branch"], row["run_id"]) == ("refund-agent", "main", regressed.pk)
