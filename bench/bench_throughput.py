@@ -11,7 +11,10 @@ checked, stored (results and artifacts) and counted, exactly as in production.
         [--broker-url redis://127.0.0.1:6379/3]
 
 The database is dropped and created afresh (its name must contain "bench"); the Redis
-database is flushed. Target: at least 30 executions/s.
+database is flushed. It also reports each worker's peak resident memory (its whole process
+tree, and its largest process, sampled every 50 ms) and checks that every execution's result
+is stored exactly once. Targets (issue 18): at least 150 executions/s, each worker at most
+150 MB.
 """
 
 from __future__ import annotations
@@ -23,12 +26,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET_PER_SECOND = 30.0
+sys.path.insert(0, str(ROOT / "bench"))
+from rss import tree  # noqa: E402
+
+TARGET_PER_SECOND = 150.0
+TARGET_WORKER_MB = 150.0
+SAMPLE_SECONDS = 0.05
 SPEC = """\
 version: 1
 id: bench-throughput
@@ -91,11 +100,23 @@ def main() -> int:
 
     django.setup()
     from evaluations import services
-    from evaluations.models import Execution, Run, RunStatus, Trigger
+    from evaluations.models import CheckResult, Execution, Run, RunStatus, Trigger
 
     workers = [_start_worker(name, args.concurrency, env, home) for name in ("one", "two")]
+    peaks = {worker.pid: [0, 0] for worker, _ in workers}  # pid -> [tree, largest process]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.wait(SAMPLE_SECONDS):
+            for pid, peak in peaks.items():
+                members = tree(pid)
+                peak[0] = max(peak[0], sum(size for _, size in members))
+                peak[1] = max([peak[1], *(size for _, size in members)])
+
+    sampler = threading.Thread(target=sample, daemon=True)
     try:
         _wait_ready(workers)
+        sampler.start()
         version = services.spec_version_create(
             project=services.project_default(),
             source_yaml=SPEC.format(replicas=args.executions // 10),
@@ -115,7 +136,10 @@ def main() -> int:
             name: Execution.objects.filter(run=run, claimed_by__startswith=f"{name}@").count()
             for name in ("one", "two")
         }
+        results = CheckResult.objects.filter(run=run)
+        stored, distinct = results.count(), results.values("execution_id").distinct().count()
     finally:
+        sampling.set()
         for worker, _ in workers:
             os.killpg(worker.pid, signal.SIGTERM)
         for worker, _ in workers:
@@ -132,8 +156,20 @@ def main() -> int:
         f"throughput: {rate:.1f} executions/s on 2 workers x concurrency {args.concurrency} "
         f"(target >= {TARGET_PER_SECOND:.0f}) {'OK' if rate >= TARGET_PER_SECOND else 'BELOW TARGET'}"
     )
+    for (worker, _), name in zip(workers, ("one", "two"), strict=True):
+        whole, largest = (size / 1e6 for size in peaks[worker.pid])
+        print(
+            f"worker {name}: peak RSS {whole:.1f} MB (process tree), largest process "
+            f"{largest:.1f} MB (target <= {TARGET_WORKER_MB:.0f} MB per worker)"
+        )
+    once = stored == distinct == run.execution_count
+    print(
+        f"results stored: {stored} for {distinct} executions of {run.execution_count} "
+        f"({'each once' if once else 'NOT EACH ONCE'})"
+    )
     print(f"machine: {os.cpu_count()} CPU(s); worker logs in {home}")
-    return 0 if run.status == RunStatus.COMPLETED and done == run.execution_count else 1
+    completed = run.status == RunStatus.COMPLETED and done == run.execution_count
+    return 0 if completed and once else 1
 
 
 def _fresh_database(url: str) -> None:

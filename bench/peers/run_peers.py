@@ -48,6 +48,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers
+from rss import tree_rss  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]  # the worktree whose `keystone` is measured
 FLAKESTORM_VERSION = "2.0.0"
@@ -147,37 +150,6 @@ class Measured:
     returncode: int
     output: str
     agent_calls: int
-
-
-def _processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, resident bytes), for every process we can read."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    found = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue  # it ended while we looked
-        # The command name (field 2) may hold spaces and parentheses: split after its ')'.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        found[int(name)] = (int(fields[1]), int(fields[21]) * page)
-    return found
-
-
-def tree_rss(root: int) -> int:
-    processes = _processes()
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _) in processes.items():
-        children.setdefault(parent, []).append(pid)
-    total, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
-        if pid in processes:
-            total += processes[pid][1]
-            stack.extend(children.get(pid, []))
-    return total
 
 
 def measure(argv: list[str], *, cwd: Path, env: dict[str, str], port: int) -> Measured:

@@ -1,0 +1,43 @@
+"""Resident memory of a process tree, read from /proc: what the benchmarks report as peak
+RSS (sampled while the command runs). Linux only, like the sandboxes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, resident bytes), for every process we can read."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue  # it ended while we looked
+        # The command name (field 2) may hold spaces and parentheses: split after its ')'.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        found[int(name)] = (int(fields[1]), int(fields[21]) * page)
+    return found
+
+
+def tree(root: int) -> list[tuple[int, int]]:
+    """(pid, resident bytes) of `root` and every process under it."""
+    found = processes()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in found.items():
+        children.setdefault(parent, []).append(pid)
+    members, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            members.append((pid, found[pid][1]))
+            stack.extend(children.get(pid, []))
+    return members
+
+
+def tree_rss(root: int) -> int:
+    return sum(size for _, size in tree(root))
