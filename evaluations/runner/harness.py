@@ -34,7 +34,12 @@ from evaluations.runner.context_attacks import apply_to_messages
 from evaluations.runner.egress import Endpoint
 from evaluations.runner.gateway import Gateway
 from evaluations.runner.outputs import collect_output_artifacts
-from evaluations.runner.sandbox import DEFAULT_MAX_PROCESSES, Sandbox, select_backend
+from evaluations.runner.sandbox import (
+    DEFAULT_DISK_MB,
+    DEFAULT_MAX_PROCESSES,
+    Sandbox,
+    select_backend,
+)
 from evaluations.runner.services import ServiceSet
 from evaluations.runner.toolproxy import ToolProxy, with_model_arguments
 
@@ -127,6 +132,7 @@ def run_execution(
                 "cpus": resources.get("cpus", 2),
                 "memory_mb": resources.get("memory_mb", 2048),
                 "max_processes": resources.get("max_processes", DEFAULT_MAX_PROCESSES),
+                "disk_mb": resources.get("disk_mb", DEFAULT_DISK_MB),
             }
             setup_error = ensure_started(
                 spec.agent,
@@ -449,6 +455,8 @@ def _run_setup(spec: Spec, sandbox: Sandbox, run_kwargs: dict[str, Any]) -> str 
         result = sandbox.run(command, stdin=None, **run_kwargs)
         if result.error is not None:  # the sandbox itself failed (a container that cannot start)
             return f"setup command {command!r} could not run: {result.error}"
+        if result.limit_exceeded:
+            return f"setup command {command!r} was killed: {result.limit_exceeded}"
         if result.timed_out:
             return f"setup command {command!r} timed out after {result.duration_ms / 1000:.1f}s"
         if result.exit_code != 0:

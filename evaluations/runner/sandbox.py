@@ -20,6 +20,7 @@ import selectors
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -27,7 +28,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ DEFAULT_MAX_FILE_BYTES = 1024 * 1024 * 1024
 # Processes (threads included) the whole command tree may have at once: a fork bomb stops
 # here. Enforced through a cgroup where the host has one to give (evaluations/runner/cgroups.py).
 DEFAULT_MAX_PROCESSES = 512
+# What the workspace may hold while a command runs (sandbox.resources.disk_mb).
+DEFAULT_DISK_MB = 2048
 # How long to keep reading a pipe after the process exited (its killed children close it).
 _DRAIN_SECONDS = 2.0
 _READ_CHUNK = 64 * 1024
@@ -62,6 +65,9 @@ class ProcessResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     error: str | None = None  # the sandbox could not start the command at all
+    # A limit the command broke and was killed for ("disk limit 100 MB exceeded ..."): the
+    # agent's own doing, so a failure, not an error of the sandbox.
+    limit_exceeded: str | None = None
 
 
 class SandboxUnavailable(Exception):
@@ -85,6 +91,14 @@ class _RunRequest:
     max_file_bytes: int
     egress: Sequence[Endpoint]
     max_processes: int | None
+    disk_mb: int | None
+
+    @property
+    def file_size_limit(self) -> int:
+        """RLIMIT_FSIZE: no single file larger than the whole workspace may be."""
+        if self.disk_mb is None:
+            return self.max_file_bytes
+        return min(self.max_file_bytes, self.disk_mb * 1024 * 1024)
 
 
 class Sandbox(ABC):
@@ -106,6 +120,7 @@ class Sandbox(ABC):
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         egress: Sequence[Endpoint] = (),
         max_processes: int | None = DEFAULT_MAX_PROCESSES,
+        disk_mb: int | None = DEFAULT_DISK_MB,
     ) -> ProcessResult:
         """Run `sh -c command` in `workspace` with exactly `env` (plus minimal defaults).
         `ro_binds` are extra host directories the command may read, at the same path.
@@ -129,6 +144,7 @@ class Sandbox(ABC):
             max_file_bytes=max_file_bytes,
             egress=tuple(egress),
             max_processes=max_processes,
+            disk_mb=disk_mb,
         )
         return self._run(request)
 
@@ -234,6 +250,83 @@ class _CappedBuffer:
         return text
 
 
+# --------------------------------------------------------------------------- disk
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes the tree under `root` takes on disk: allocated blocks (a sparse file costs what
+    it stores), each inode once (hard links), links never followed."""
+    total = 0
+    seen: set[tuple[int, int]] = set()
+    pending = [str(root)]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue  # removed while we looked: it holds nothing any more
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) in seen:
+                continue
+            seen.add((info.st_dev, info.st_ino))
+            total += info.st_blocks * 512
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(entry.path)
+    return total
+
+
+class DiskWatch:
+    """Measures the workspace on a thread while a command runs and calls `kill` once it holds
+    more than `limit_mb`: RLIMIT_FSIZE bounds one file, this bounds all of them together.
+
+    The interval adapts to what a measurement costs (ten times it, at least 50 ms), so a
+    workspace of many files is not walked without pause; a fast writer can therefore go past
+    the limit by what it writes in one interval before it is killed."""
+
+    def __init__(self, workspace: Path, limit_mb: int | None, kill: Callable[[], object]) -> None:
+        self.workspace = workspace
+        self.limit_mb = limit_mb
+        self.kill = kill
+        self.exceeded = False
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> DiskWatch:
+        if self.limit_mb is not None:
+            self._thread = threading.Thread(target=self._watch, daemon=True)
+            self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        assert self.limit_mb is not None
+        limit = self.limit_mb * 1024 * 1024
+        interval = 0.05
+        while not self._stopped.wait(interval):
+            began = time.perf_counter()
+            if disk_usage(self.workspace) > limit:
+                self.exceeded = True
+                self.kill()
+                return
+            interval = max(0.05, 10 * (time.perf_counter() - began))
+
+    @property
+    def message(self) -> str | None:
+        if not self.exceeded:
+            return None
+        return (
+            f"disk limit {self.limit_mb} MB exceeded: the workspace grew past it and the "
+            "command was killed (sandbox.resources.disk_mb)"
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
 # --------------------------------------------------------------------------- local processes
 
 PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"  # util-linux, on every Debian system
@@ -316,7 +409,7 @@ class _ProcessSandbox(Sandbox):
         # --setenv), where any process on the host could read secrets in /proc/PID/cmdline.
         env = self._environment(request.env, str(workspace))
         limits = _limits(
-            _cpu_limit(request.timeout, request.cpus), request.memory_mb, request.max_file_bytes
+            _cpu_limit(request.timeout, request.cpus), request.memory_mb, request.file_size_limit
         )
         started = time.perf_counter()
         try:
@@ -337,9 +430,11 @@ class _ProcessSandbox(Sandbox):
         with self._lock:
             self._running[process.pid] = process
         try:
-            result = self._communicate(
-                process, request.stdin, started, request.timeout, request.max_output_bytes
-            )
+            with DiskWatch(workspace, request.disk_mb, lambda: _kill_group(process.pid)) as disk:
+                result = self._communicate(
+                    process, request.stdin, started, request.timeout, request.max_output_bytes
+                )
+            result.limit_exceeded = disk.message
             if group.pids_hit_limit():  # said where the agent's own errors are read
                 result.stderr += (
                     f"\nkeystone: the process limit ({request.max_processes}) was reached; "
@@ -785,6 +880,7 @@ class DockerSandbox(Sandbox):
         timed_out = False
         exit_code: int | None = None
         error: str | None = None
+        limit_exceeded: str | None = None
         try:
             container = self.client.containers.create(
                 self.image,
@@ -810,7 +906,7 @@ class DockerSandbox(Sandbox):
                 tmpfs={"/tmp": "rw,nosuid,nodev,size=256m"},
                 ulimits=[
                     docker.types.Ulimit(
-                        name="fsize", soft=request.max_file_bytes, hard=request.max_file_bytes
+                        name="fsize", soft=request.file_size_limit, hard=request.file_size_limit
                     )
                 ],
                 labels={"keystone.sandbox": "docker"},
@@ -831,12 +927,16 @@ class DockerSandbox(Sandbox):
                     ) from exc
                 safe_files.write_text(workspace, ready_name, "")
             remaining = max(0.1, started + request.timeout - time.perf_counter())
-            try:
-                exit_code = int(container.wait(timeout=remaining)["StatusCode"])
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                timed_out = True
-                container.kill()
-                exit_code = int(container.wait(timeout=30)["StatusCode"])
+            # The workspace is a bind mount: `--storage-opt size=` bounds only the image's
+            # writable layer (read-only here), so the workspace is watched as for bwrap.
+            with DiskWatch(workspace, request.disk_mb, container.kill) as disk:
+                try:
+                    exit_code = int(container.wait(timeout=remaining)["StatusCode"])
+                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                    timed_out = True
+                    container.kill()
+                    exit_code = int(container.wait(timeout=30)["StatusCode"])
+            limit_exceeded = disk.message
         except docker.errors.DockerException as exc:
             error = f"docker: {exc}"
         finally:
@@ -860,6 +960,7 @@ class DockerSandbox(Sandbox):
             stdout_truncated=out.truncated,
             stderr_truncated=err.truncated,
             error=error,
+            limit_exceeded=limit_exceeded,
         )
 
 
