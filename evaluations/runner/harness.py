@@ -116,6 +116,7 @@ def run_execution(
         files=sandbox_conf.get("files"),
         allow_outside_spec_dir=not config.confine_to_spec_dir,
     )
+    warnings.extend(sandbox.run_warnings(workspace))
     started = time.time()
     try:
         with _world(spec, planned, scenario, config, workspace, execution_key, seed) as world:

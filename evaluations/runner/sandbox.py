@@ -160,6 +160,10 @@ class Sandbox(ABC):
         """Where the workspace appears to the command."""
         return str(workspace)
 
+    def run_warnings(self, workspace: Path) -> list[str]:
+        """What the run should say about this sandbox's isolation of `workspace`'s commands."""
+        return []
+
     def python_executable(self) -> str:
         """The interpreter a python agent runs with inside this sandbox."""
         return sys.executable
@@ -346,6 +350,30 @@ def _limits(
     if max_file_bytes is not None:
         limits.append(f"--fsize={max_file_bytes}")
     return [PRLIMIT, *limits, "--"] if limits else []
+
+
+NOBODY = 65534
+
+
+def _hand_to_nobody(workspace: Path) -> None:
+    """Make the workspace nobody's, so an agent running as nobody can write it. Links are
+    changed, never followed (lchown; os.walk does not descend into them)."""
+    for directory, dirnames, filenames in os.walk(workspace):
+        os.lchown(directory, NOBODY, NOBODY)
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(directory, name), NOBODY, NOBODY)
+
+
+def _closed_to_others(path: Path) -> Path | None:
+    """The first directory on the way to `path` that users other than its owner cannot
+    traverse (no `x` for others), or None when any user can reach it."""
+    for directory in reversed(path.resolve().parents):
+        try:
+            if not os.stat(directory).st_mode & stat.S_IXOTH:
+                return directory
+        except OSError:
+            return directory
+    return None
 
 
 def _kill_group(pgid: int) -> None:
@@ -589,10 +617,51 @@ class _ExitWatch:
             self.fd = None
 
 
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"  # util-linux, like prlimit
+
+
 class LocalSandbox(_ProcessSandbox):
-    """No isolation beyond a process group, rlimits and a clean environment."""
+    """No isolation beyond a process group and session, rlimits, a clean environment and,
+    when the worker is root, another user: `nobody`, so the agent can neither signal the
+    worker nor read its files."""
 
     name = "local"
+
+    def _runs_as_nobody(self, workspace: Path) -> bool:
+        # As nobody wherever nobody can reach the workspace (without a mount namespace there
+        # is no other way in); elsewhere the run carries a warning (run_warnings).
+        return os.getuid() == 0 and _closed_to_others(workspace) is None
+
+    def run_warnings(self, workspace: Path) -> list[str]:
+        if os.getuid() != 0:
+            return [
+                f"the local backend runs the agent as the worker's own user (uid {os.getuid()}):"
+                " it can signal the worker's processes and read every file the worker can"
+                " (use sandbox.backend: bwrap)"
+            ]
+        blocked = _closed_to_others(workspace)
+        if blocked is not None:
+            return [
+                "the local backend runs the agent as root, the worker's own user: nobody "
+                f"(uid {NOBODY}) cannot traverse {blocked} to reach the workspace (keep "
+                "KEYSTONE_HOME where other users can traverse, or use sandbox.backend: bwrap)"
+            ]
+        interpreter = _closed_to_others(Path(sys.executable))
+        if interpreter is not None:
+            return [
+                f"the local backend runs the agent as nobody (uid {NOBODY}), who cannot traverse "
+                f"{interpreter} to Keystone's interpreter {sys.executable}: python agents and "
+                "`python` in commands will not start (install Keystone where other users can "
+                "reach it, or use sandbox.backend: bwrap)"
+            ]
+        return []
+
+    def _start(
+        self, request: _RunRequest, egress: EgressRelay | None, group: CommandCgroup
+    ) -> ProcessResult:
+        if self._runs_as_nobody(request.workspace):
+            _hand_to_nobody(request.workspace)
+        return super()._start(request, egress, group)
 
     def argv(
         self,
@@ -605,7 +674,15 @@ class LocalSandbox(_ProcessSandbox):
     ) -> list[str]:
         # Nothing to isolate with: the workspace is the working directory, the network and
         # the extra binds are the host's own.
-        return ["/bin/sh", "-c", command]
+        shell = ["/bin/sh", "-c", command]
+        if not self._runs_as_nobody(workspace):
+            return shell
+        # setpriv drops to nobody after the cgroup and the rlimits are in place (they need
+        # root), without a preexec function in the worker (Popen's user= would cost a fork
+        # of the whole worker instead of a vfork); no capability, no setuid escalation.
+        drop = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        drop += ["--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
+        return [SETPRIV, *drop, "--", *shell]
 
 
 def _cpu_limit(timeout: float, cpus: float | None) -> int:
@@ -964,18 +1041,12 @@ class DockerSandbox(Sandbox):
         )
 
 
-NOBODY = 65534
-
-
 def _container_user(workspace: Path) -> str:
     """The user the container runs as: the worker's own, or `nobody` when the worker is root
     (root in a container is root on the host's files); the workspace is then handed to it."""
     if os.getuid() != 0:
         return f"{os.getuid()}:{os.getgid()}"
-    for directory, dirnames, filenames in os.walk(workspace):
-        os.lchown(directory, NOBODY, NOBODY)
-        for name in dirnames + filenames:
-            os.lchown(os.path.join(directory, name), NOBODY, NOBODY)
+    _hand_to_nobody(workspace)
     return f"{NOBODY}:{NOBODY}"
 
 
