@@ -50,6 +50,7 @@ class AgentResult:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    refused_connections: list[dict[str, Any]] = field(default_factory=list)
 
 
 class AgentConfigError(ValueError):
@@ -366,6 +367,7 @@ def _from_process(process: ProcessResult, *, final_output: str) -> AgentResult:
         ),
         stdout_truncated=process.stdout_truncated,
         stderr_truncated=process.stderr_truncated,
+        refused_connections=process.refused_connections,
     )
 
 

@@ -177,6 +177,7 @@ def run_execution(
                     stderr=result.stderr,
                     error=result.error,
                     tool_calls=[_tool_call(c) for c in result.tool_calls],
+                    refused_connections=result.refused_connections,
                 )
             artifact.workspace_path = str(workspace)
             artifact.workspace_diff = ws.diff(before, ws.snapshot(workspace), workspace)

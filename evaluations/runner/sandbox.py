@@ -29,7 +29,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from checks import safe_files
 from checks.context import CommandResult, CommandRunner
 from evaluations.runner import relay
 from evaluations.runner.cgroups import CommandCgroup
-from evaluations.runner.egress import EgressRelay, Endpoint
+from evaluations.runner.egress import EgressRelay, Endpoint, trap_ports
 
 NETWORK_MODES = ("none", "services", "host")
 DEFAULT_MAX_OUTPUT_BYTES = 10 * 1024 * 1024
@@ -68,6 +68,9 @@ class ProcessResult:
     # A limit the command broke and was killed for ("disk limit 100 MB exceeded ..."): the
     # agent's own doing, so a failure, not an error of the sandbox.
     limit_exceeded: str | None = None
+    # Connections the command tried to addresses its execution did not declare, where the
+    # sandbox could see them (egress.py): {"host", "port", "time"}.
+    refused_connections: list[dict[str, Any]] = field(default_factory=list)
 
 
 class SandboxUnavailable(Exception):
@@ -411,13 +414,18 @@ class _ProcessSandbox(Sandbox):
     def _run(self, request: _RunRequest) -> ProcessResult:
         with contextlib.ExitStack() as stack:
             egress = None
-            if self.isolates_network and request.network == "services" and request.egress:
-                egress = stack.enter_context(EgressRelay(request.egress))
+            if self.isolates_network and request.network == "services":
+                # The relay inside runs as nobody without capability: no port below 1024.
+                traps = trap_ports(request.egress, lowest=1024)
+                egress = stack.enter_context(EgressRelay(request.egress, traps=traps))
                 egress.listen_unix()
             group = stack.enter_context(
                 CommandCgroup(max_processes=request.max_processes, memory_mb=request.memory_mb)
             )
-            return self._start(request, egress, group)
+            result = self._start(request, egress, group)
+            if egress is not None:
+                result.refused_connections = list(egress.refused)
+            return result
 
     # Whether `network: services` gets a network namespace reaching only `egress`.
     isolates_network = False
@@ -946,9 +954,13 @@ class DockerSandbox(Sandbox):
         wrapper = 'exec /bin/sh -c "$1" < "$2" > "$3" 2> "$4"'
         # `services`: a network of its own (none), where the worker then makes listeners for
         # the execution's endpoints; the command waits for them (the marker file $5).
-        relay = EgressRelay(request.egress) if request.network == "services" else None
+        relay = (
+            EgressRelay(request.egress, traps=trap_ports(request.egress))
+            if request.network == "services"
+            else None
+        )
         ready_name = f".keystone/netready-{token}"
-        if relay is not None and relay.endpoints:
+        if relay is not None and relay.ports:
             wrapper = 'while [ ! -e "$5" ]; do sleep 0.01; done; ' + wrapper
         # A list, not a dict keyed by host path: the same host path may appear twice.
         volumes = [f"{workspace}:{_CONTAINER_WORKSPACE}:rw"]
@@ -992,7 +1004,7 @@ class DockerSandbox(Sandbox):
             with self._lock:
                 self._containers[container.id] = container
             container.start()
-            if relay is not None and relay.endpoints:
+            if relay is not None and relay.ports:
                 container.reload()
                 try:
                     relay.listen_in_namespace(int(container.attrs["State"]["Pid"]))
@@ -1038,6 +1050,7 @@ class DockerSandbox(Sandbox):
             stderr_truncated=err.truncated,
             error=error,
             limit_exceeded=limit_exceeded,
+            refused_connections=list(relay.refused) if relay is not None else [],
         )
 
 
