@@ -954,8 +954,10 @@ class DockerSandbox(Sandbox):
         wrapper = 'exec /bin/sh -c "$1" < "$2" > "$3" 2> "$4"'
         # `services`: a network of its own (none), where the worker then makes listeners for
         # the execution's endpoints; the command waits for them (the marker file $5).
+        # Traps only with endpoints: the worker enters the container's network namespace
+        # (root only) when it has endpoints to relay, never just for the traps.
         relay = (
-            EgressRelay(request.egress, traps=trap_ports(request.egress))
+            EgressRelay(request.egress, traps=trap_ports(request.egress) if request.egress else ())
             if request.network == "services"
             else None
         )
