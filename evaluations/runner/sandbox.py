@@ -379,6 +379,16 @@ def _closed_to_others(path: Path) -> Path | None:
     return None
 
 
+def _kill_unreaped(pid: int) -> None:
+    """Kill the group of our child `pid` from another thread, unless it was reaped already:
+    then its group id may belong to someone else by now."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return
+    _kill_group(pid)
+
+
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -466,7 +476,7 @@ class _ProcessSandbox(Sandbox):
         with self._lock:
             self._running[process.pid] = process
         try:
-            with DiskWatch(workspace, request.disk_mb, lambda: _kill_group(process.pid)) as disk:
+            with DiskWatch(workspace, request.disk_mb, lambda: _kill_unreaped(process.pid)) as disk:
                 result = self._communicate(
                     process, request.stdin, started, request.timeout, request.max_output_bytes
                 )
