@@ -116,6 +116,10 @@ def main(argv: list[str]) -> None:
             print(f"keystone relay: cannot listen on 127.0.0.1:{port}: {exc}", file=sys.stderr)
             continue
         listeners += [(sock, os.path.join(socket_dir, f"{port}.sock")) for sock in bound]
+    # Listening before the fork: a command that connects before the relay's child runs
+    # waits in the backlog instead of being refused.
+    for sock, _ in listeners:
+        sock.listen(64)
     if os.fork() == 0:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # never hold the agent's output pipes open
@@ -124,7 +128,6 @@ def main(argv: list[str]) -> None:
         # limit, and there are many ports: the endpoints and the worker's traps).
         with selectors.DefaultSelector() as selector:
             for sock, path in listeners:
-                sock.listen(64)
                 selector.register(sock, selectors.EVENT_READ, _forward_to_unix(path))
             while selector.get_map():
                 for key, _events in selector.select():
