@@ -71,18 +71,15 @@ def serve(
         threading.Thread(target=handle, args=(client,), daemon=True).start()
 
 
-def _forward_to_unix(path: str) -> Callable[[socket.socket], None]:
-    def handle(client: socket.socket) -> None:
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            upstream.connect(path)
-        except OSError:
-            upstream.close()
-            client.close()  # the worker's side is gone: refuse as a closed port would
-            return
-        splice(client, upstream)
-
-    return handle
+def _connect_unix(client: socket.socket, path: str) -> socket.socket | None:
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.connect(path)
+    except OSError:
+        upstream.close()
+        client.close()  # the worker's side is gone: refuse as a closed port would
+        return None
+    return upstream
 
 
 def listeners_on_loopback(port: int) -> list[socket.socket]:
@@ -128,14 +125,21 @@ def main(argv: list[str]) -> None:
         # limit, and there are many ports: the endpoints and the worker's traps).
         with selectors.DefaultSelector() as selector:
             for sock, path in listeners:
-                selector.register(sock, selectors.EVENT_READ, _forward_to_unix(path))
+                selector.register(sock, selectors.EVENT_READ, path)
             while selector.get_map():
                 for key, _events in selector.select():
                     try:
                         client, _ = key.fileobj.accept()  # type: ignore[union-attr]
                     except OSError:
                         continue
-                    threading.Thread(target=key.data, args=(client,), daemon=True).start()
+                    # Connected to the worker at once, not on the new thread: the worker
+                    # then has the connection even if the command exits right away (and
+                    # the kernel ends this relay with it).
+                    upstream = _connect_unix(client, key.data)
+                    if upstream is not None:
+                        threading.Thread(
+                            target=splice, args=(client, upstream), daemon=True
+                        ).start()
         os._exit(0)
     for sock, _ in listeners:
         sock.close()
