@@ -91,6 +91,9 @@ class RunArtifact:
     output_tokens: int = 0
     cost_usd: float = 0.0
     error: str | None = None
+    # Connections the agent tried to addresses its execution did not declare, where the
+    # sandbox could see them: {"host", "port", "time"} (docs/security.md says which).
+    refused_connections: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def output_json(self) -> Any:

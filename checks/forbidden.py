@@ -42,6 +42,17 @@ def evaluate_forbidden(
                         {"service": call.service, "path": call.path},
                     )
                 )
+        # Traffic to no service at all: whatever the list allows, this is outside it.
+        for attempt in artifact.refused_connections:
+            where = f"{attempt.get('host')}:{attempt.get('port')}"
+            violations.append(
+                _violation(
+                    "http_except",
+                    f"tried to connect to {where}, which is none of the execution's services "
+                    "(refused by the sandbox)",
+                    {"host": attempt.get("host"), "port": attempt.get("port")},
+                )
+            )
     if rules.get("secrets_in_logs") == "deny":
         haystacks = {
             "stdout": artifact.stdout,

@@ -38,6 +38,7 @@ class Policy:
     max_cpus: float
     max_executions: int
     max_processes: int = 4096
+    max_disk_mb: int = 10240
     allow_host_network: bool = False
 
     def rows(self) -> list[tuple[str, str, str]]:
@@ -59,6 +60,7 @@ class Policy:
             ("most memory (MB)", str(self.max_memory_mb), "KEYSTONE_POLICY_MAX_MEMORY_MB"),
             ("most CPUs", f"{self.max_cpus:g}", "KEYSTONE_POLICY_MAX_CPUS"),
             ("most processes", str(self.max_processes), "KEYSTONE_POLICY_MAX_PROCESSES"),
+            ("most disk per workspace (MB)", str(self.max_disk_mb), "KEYSTONE_POLICY_MAX_DISK_MB"),
             ("most executions per run", str(self.max_executions), "KEYSTONE_POLICY_MAX_EXECUTIONS"),
             (
                 "the host's network (sandbox.network: host)",
@@ -79,6 +81,7 @@ def current() -> Policy:
         max_cpus=settings.KEYSTONE_POLICY_MAX_CPUS,
         max_executions=settings.KEYSTONE_POLICY_MAX_EXECUTIONS,
         max_processes=settings.KEYSTONE_POLICY_MAX_PROCESSES,
+        max_disk_mb=settings.KEYSTONE_POLICY_MAX_DISK_MB,
         allow_host_network=settings.KEYSTONE_POLICY_ALLOW_HOST_NETWORK,
     )
 
@@ -134,6 +137,7 @@ def spec_refusals(parsed: dict[str, Any], policy: Policy | None = None) -> list[
         ("memory_mb", policy.max_memory_mb, "KEYSTONE_POLICY_MAX_MEMORY_MB"),
         ("cpus", policy.max_cpus, "KEYSTONE_POLICY_MAX_CPUS"),
         ("max_processes", policy.max_processes, "KEYSTONE_POLICY_MAX_PROCESSES"),
+        ("disk_mb", policy.max_disk_mb, "KEYSTONE_POLICY_MAX_DISK_MB"),
     )
     for key, ceiling, setting in ceilings:
         value = resources.get(key)

@@ -20,7 +20,12 @@ from typing import Any
 
 from checks import safe_files
 from evaluations.runner.egress import Endpoint
-from evaluations.runner.sandbox import DEFAULT_MAX_PROCESSES, ProcessResult, Sandbox
+from evaluations.runner.sandbox import (
+    DEFAULT_DISK_MB,
+    DEFAULT_MAX_PROCESSES,
+    ProcessResult,
+    Sandbox,
+)
 from evaluations.runner.workspace import KEYSTONE_DIR
 
 AGENT_TYPES = ("command", "http", "python")
@@ -45,6 +50,7 @@ class AgentResult:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    refused_connections: list[dict[str, Any]] = field(default_factory=list)
 
 
 class AgentConfigError(ValueError):
@@ -67,6 +73,7 @@ def invoke_agent(
     memory_mb: int | None = None,
     egress: Sequence[Endpoint] = (),
     max_processes: int | None = DEFAULT_MAX_PROCESSES,
+    disk_mb: int | None = DEFAULT_DISK_MB,
 ) -> AgentResult:
     """Run the agent once on `prompt`. `env` holds Keystone's variables for this execution
     (gateway, services, tools); the agent's own `env` is merged over it. The stricter of the
@@ -97,6 +104,7 @@ def invoke_agent(
         memory_mb=memory_mb,
         egress=egress,
         max_processes=max_processes,
+        disk_mb=disk_mb,
     )
     try:
         if kind == "command":
@@ -179,6 +187,7 @@ class _SandboxInvocation:
     memory_mb: int | None = None
     egress: Sequence[Endpoint] = ()
     max_processes: int | None = DEFAULT_MAX_PROCESSES
+    disk_mb: int | None = DEFAULT_DISK_MB
 
     @property
     def inside(self) -> str:
@@ -227,6 +236,7 @@ class _SandboxInvocation:
             ro_binds=self.ro_binds(),
             egress=self.egress,
             max_processes=self.max_processes,
+            disk_mb=self.disk_mb,
         )
 
 
@@ -252,7 +262,7 @@ def _invoke_command(
     process = invocation.run(str(command), stdin=prompt, extra_env=_prompt_env(prompt, invocation))
     written = _read_output(invocation, invocation.max_output_bytes)
     result = _from_process(process, final_output=process.stdout if written is None else written)
-    if result.status == "failed":
+    if result.status == "failed" and result.error is None:
         result.error = f"agent command exited with code {process.exit_code}"
     return result
 
@@ -275,7 +285,7 @@ def _invoke_python(
     }
     process, record = _run_host(agent_config, request, prompt, invocation)
     result = _from_process(process, final_output="")
-    if process.timed_out or process.error is not None:
+    if process.timed_out or process.error is not None or process.limit_exceeded:
         return result
     if record is None:
         result.status, result.error = "error", _host_failure(process, None, what="callable")
@@ -336,7 +346,7 @@ def _from_process(process: ProcessResult, *, final_output: str) -> AgentResult:
         status = "error"
     elif process.timed_out:
         status = "timed_out"
-    elif process.exit_code != 0:
+    elif process.limit_exceeded or process.exit_code != 0:
         status = "failed"
     else:
         status = "success"
@@ -349,6 +359,7 @@ def _from_process(process: ProcessResult, *, final_output: str) -> AgentResult:
         duration_ms=process.duration_ms,
         agent_cpu_ms=process.cpu_ms,
         error=process.error
+        or process.limit_exceeded
         or (
             f"agent timed out after {process.duration_ms / 1000:.1f}s"
             if process.timed_out
@@ -356,6 +367,7 @@ def _from_process(process: ProcessResult, *, final_output: str) -> AgentResult:
         ),
         stdout_truncated=process.stdout_truncated,
         stderr_truncated=process.stderr_truncated,
+        refused_connections=process.refused_connections,
     )
 
 

@@ -2,7 +2,8 @@
 
 Reference 000 hands a custom script `audit_log_path` and `trace_path`:
 `.keystone/audit.jsonl` holds what the agent did to the world (the command it ran, files it
-wrote, database tables it changed, HTTP calls the mocks answered), `.keystone/trace.jsonl`
+wrote, database tables it changed, HTTP calls the mocks answered, connections the sandbox
+refused), `.keystone/trace.jsonl`
 its conversation (LLM calls and tool calls), one JSON event per line in time order:
 
     {"type": "http_call", "time": 1732450000.1, "details": {"response_body": "...", ...}}
@@ -50,6 +51,14 @@ def audit_events(artifact: RunArtifact, command: str) -> list[dict[str, Any]]:
         )
     for write in artifact.db_writes:
         events.append({"type": "db_write", "time": artifact.finished_at, "details": dict(write)})
+    for attempt in artifact.refused_connections:
+        events.append(
+            {
+                "type": "connection_refused",
+                "time": attempt.get("time"),
+                "details": {"host": attempt.get("host"), "port": attempt.get("port")},
+            }
+        )
     for call in artifact.http_calls:
         events.append(
             {

@@ -4,10 +4,12 @@ only bound each process), and a way to kill every process the command left behin
 that left its process group.
 
 The command joins its group itself before it execs (a small `sh` prologue writes its own PID
-into `cgroup.procs`), so not one of its children is ever born outside it. Where no writable
-hierarchy exists (no cgroup file system, cgroup v2 without a delegated subtree, a worker
-without the right), `support()` says why, and the execution carries a warning that the limits
-are not enforced on this host.
+into `cgroup.procs`), so not one of its children is ever born outside it. cgroup v1: a group
+in the worker's own `pids` and `memory` hierarchies. cgroup v2 (the host has
+/sys/fs/cgroup/cgroup.controllers): a group under the worker's own group, when that subtree
+is delegated to it (writable, with both controllers). Where neither exists (no cgroup file
+system, v2 without delegation, a worker without the right), `support()` says why, and the
+execution carries a warning that the limits are not enforced on this host.
 """
 
 from __future__ import annotations
@@ -27,79 +29,156 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 _JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
 
 
+LIMITED = ("pids", "memory")
+# cgroup v2: where the worker's own processes go once its group hands controllers to children
+# (a group with controllers enabled for its children may hold no process itself). Not
+# "keystone-" like the commands' groups, so stale-group cleaning never considers it.
+_V2_WORKER_LEAF = "worker"
+
+
 @dataclass(frozen=True, slots=True)
-class _Controller:
-    name: str  # "pids" or "memory"
+class _Hierarchy:
     parent: Path  # where this worker's groups are made
+    controllers: tuple[str, ...]  # which of LIMITED it limits
+    version: int  # 1 or 2
 
 
-def _own_v1_path(controller: str) -> str | None:
-    """This process's group in a cgroup v1 hierarchy, from /proc/self/cgroup."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
+# The file that holds each limit, per cgroup version.
+_LIMIT_FILES = {
+    (1, "pids"): "pids.max",
+    (1, "memory"): "memory.limit_in_bytes",
+    (2, "pids"): "pids.max",
+    (2, "memory"): "memory.max",
+}
+
+
+def _own_path(proc_self_cgroup: str, controller: str | None) -> str | None:
+    """This process's group from /proc/self/cgroup: in the v1 hierarchy of `controller`, or
+    the v2 one (`0::/path`) when `controller` is None."""
+    for line in proc_self_cgroup.splitlines():
+        hierarchy_id, controllers, path = line.split(":", 2)
+        if controller is None and hierarchy_id == "0" and controllers == "":
+            return path
+        if controller is not None and controller in controllers.split(","):
             return path
     return None
 
 
-@functools.cache
-def _controllers() -> tuple[tuple[_Controller, ...], str]:
-    """The hierarchies where this worker can make groups, and why not where it cannot."""
-    if (CGROUP_ROOT / "cgroup.controllers").exists():
-        return (), (
-            "cgroup v2 without a subtree delegated to the worker (run it in a systemd "
-            "scope with Delegate=yes)"
-        )
-    found: list[_Controller] = []
+def _probe(parent: Path) -> None:
+    probe = parent / f"keystone-probe-{uuid.uuid4().hex[:8]}"
+    probe.mkdir()
+    probe.rmdir()
+
+
+def _find_v1(root: Path, proc_self_cgroup: str) -> tuple[tuple[_Hierarchy, ...], str]:
+    found: list[_Hierarchy] = []
     reasons: list[str] = []
-    for name in ("pids", "memory"):
-        own = _own_v1_path(name)
-        parent = CGROUP_ROOT / name / (own or "/").lstrip("/")
-        probe = parent / f"keystone-probe-{uuid.uuid4().hex[:8]}"
+    for name in LIMITED:
+        own = _own_path(proc_self_cgroup, name)
+        parent = root / name / (own or "/").lstrip("/")
         try:
-            probe.mkdir()
-            probe.rmdir()
+            _probe(parent)
         except OSError as exc:
             reasons.append(f"no writable {name} cgroup ({exc.strerror or exc})")
             continue
-        found.append(_Controller(name, parent))
+        found.append(_Hierarchy(parent, (name,), 1))
     return tuple(found), "; ".join(reasons)
+
+
+def _find_v2(root: Path, proc_self_cgroup: str) -> tuple[tuple[_Hierarchy, ...], str]:
+    """A subtree delegated to the worker: its own group, writable, with the pids and memory
+    controllers. The first time, the group's processes move into a leaf child and the
+    controllers are enabled for the children, where each command then gets its group."""
+    own = _own_path(proc_self_cgroup, None)
+    if own is None:
+        return (), "cgroup v2, but this process is in no v2 group (/proc/self/cgroup)"
+    base = root / own.lstrip("/")
+    delegate = "run the worker in a systemd service or scope with Delegate=yes"
+    try:
+        available = set((base / "cgroup.controllers").read_text().split())
+        missing = [name for name in LIMITED if name not in available]
+        if missing:
+            return (), (
+                f"cgroup v2: the worker's group {base} has no {' or '.join(missing)} "
+                f"controller ({delegate})"
+            )
+        enabled = set((base / "cgroup.subtree_control").read_text().split())
+        if not set(LIMITED) <= enabled:
+            leaf = base / _V2_WORKER_LEAF
+            leaf.mkdir(exist_ok=True)
+            for pid in (base / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                    (leaf / "cgroup.procs").write_text(pid)
+            (base / "cgroup.subtree_control").write_text(" ".join(f"+{n}" for n in LIMITED))
+        _probe(base)
+    except OSError as exc:
+        return (), (
+            f"cgroup v2 without a subtree delegated to the worker ({base}: "
+            f"{exc.strerror or exc}; {delegate})"
+        )
+    return (_Hierarchy(base, LIMITED, 2),), ""
+
+
+def find_hierarchies(root: Path, proc_self_cgroup: str) -> tuple[tuple[_Hierarchy, ...], str]:
+    """Where this worker can make groups under `root`, and why not where it cannot: cgroup v2
+    when `root` is a unified hierarchy (it has cgroup.controllers), else v1."""
+    if (root / "cgroup.controllers").exists():
+        return _find_v2(root, proc_self_cgroup)
+    return _find_v1(root, proc_self_cgroup)
+
+
+@functools.cache
+def _controllers() -> tuple[tuple[_Hierarchy, ...], str]:
+    """This host's hierarchies, found once per process."""
+    try:
+        proc_self_cgroup = Path("/proc/self/cgroup").read_text()
+    except OSError as exc:
+        return (), f"cannot read /proc/self/cgroup ({exc})"
+    return find_hierarchies(CGROUP_ROOT, proc_self_cgroup)
 
 
 def support() -> tuple[bool, str]:
     """Whether process-count and memory ceilings hold here, and if not, why."""
     found, why = _controllers()
-    names = {c.name for c in found}
-    return names == {"pids", "memory"}, why
+    names = {name for hierarchy in found for name in hierarchy.controllers}
+    return names == set(LIMITED), why
 
 
 class CommandCgroup:
     """The group of one command: made on enter, limits written; on exit every process still
     in it is killed and the group removed."""
 
-    def __init__(self, *, max_processes: int | None, memory_mb: int | None) -> None:
-        self.limits = {"pids": max_processes, "memory": memory_mb}
+    def __init__(
+        self,
+        *,
+        max_processes: int | None,
+        memory_mb: int | None,
+        hierarchies: tuple[_Hierarchy, ...] | None = None,
+    ) -> None:
+        self.limits = {
+            "pids": max_processes,
+            "memory": None if memory_mb is None else memory_mb * 1024 * 1024,
+        }
+        self.hierarchies = _controllers()[0] if hierarchies is None else hierarchies
         self.paths: list[Path] = []
 
     def __enter__(self) -> CommandCgroup:
         name = f"keystone-{uuid.uuid4().hex}"
         try:
-            for controller in _controllers()[0]:
-                _remove_stale(controller.parent)
-                limit = self.limits[controller.name]
-                if limit is None:
+            for hierarchy in self.hierarchies:
+                _remove_stale(hierarchy.parent)
+                limits = {
+                    _LIMIT_FILES[hierarchy.version, controller]: self.limits[controller]
+                    for controller in hierarchy.controllers
+                    if self.limits[controller] is not None
+                }
+                if not limits:
                     continue
-                path = controller.parent / name
+                path = hierarchy.parent / name
                 path.mkdir()
                 self.paths.append(path)
-                if controller.name == "pids":
-                    (path / "pids.max").write_text(str(limit))
-                else:
-                    (path / "memory.limit_in_bytes").write_text(str(limit * 1024 * 1024))
+                for file_name, limit in limits.items():
+                    (path / file_name).write_text(str(limit))
         except OSError:
             self.__exit__()
             raise

@@ -7,6 +7,12 @@ sandbox sees, and connects each accepted connection to the real address (`relay.
 sandbox's end). A database endpoint also checks the login before a byte reaches the server:
 only the execution's own role and database pass, so even a server that trusts every local
 login (PostgreSQL's `trust`, MariaDB's password-less root) hands the agent nothing else.
+
+Refused egress is evidence: on "trap" ports (every TCP port the worker's own host listens on,
+and the usual ports of databases, caches and web servers) the sandbox's loopback accepts a
+connection, the worker records the attempt (`EgressRelay.refused`) and closes it. An attempt
+to any other address fails in the sandbox's empty network namespace (ENETUNREACH, or
+ECONNREFUSED on an untrapped loopback port) without leaving a trace anywhere we can read.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +56,44 @@ class Endpoint:
         default = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432, "mysql": 3306}
         port = parts.port or default.get(parts.scheme)
         return None if port is None else cls(parts.hostname, port, **login)
+
+
+# Where servers usually listen: databases, caches, queues, web servers, the Docker and
+# Kubernetes APIs. Trapped even when nothing listens there on this host.
+WELL_KNOWN_PORTS = (
+    22, 80, 443, 2375, 2376, 2379, 3000, 3306, 5000, 5432, 5672, 6379, 8000, 8080, 8443,
+    8888, 9000, 9092, 9200, 10250, 11211, 15672, 27017,
+)  # fmt: skip
+# Each trap is a socket on both ends; enough for any host's listeners, never thousands.
+MAX_TRAP_PORTS = 96
+# Attempts kept per command: an agent that loops on a closed port is not worth megabytes.
+MAX_REFUSED_RECORDED = 1000
+
+
+def host_listening_ports() -> set[int]:
+    """TCP ports something listens on in the worker's own network namespace."""
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def trap_ports(endpoints: Sequence[Endpoint], *, lowest: int = 1) -> list[int]:
+    """The ports to trap for an execution: the host's listeners and the well-known ones, but
+    not its endpoints' (those are relayed) nor any below `lowest` (a sandbox whose relay has
+    no capability cannot bind ports below 1024)."""
+    relayed = {endpoint.port for endpoint in endpoints}
+    wanted = (host_listening_ports() | set(WELL_KNOWN_PORTS)) - relayed
+    # The well-known ports first, so a host with many listeners never crowds them out.
+    ordered = sorted(wanted, key=lambda port: (port not in WELL_KNOWN_PORTS, port))
+    return sorted(port for port in ordered[:MAX_TRAP_PORTS] if port >= lowest)
 
 
 class LoginRefused(Exception):
@@ -160,18 +205,23 @@ class EgressRelay:
     Unix sockets in `directory` for a sandbox that runs `relay.py` inside (bubblewrap), or
     TCP listeners made directly inside a container's network namespace (docker)."""
 
-    def __init__(self, endpoints: Sequence[Endpoint]) -> None:
+    def __init__(self, endpoints: Sequence[Endpoint], *, traps: Sequence[int] = ()) -> None:
         by_port: dict[int, Endpoint] = {}
         for endpoint in endpoints:
             by_port.setdefault(endpoint.port, endpoint)
         self.endpoints = by_port
+        self.traps = sorted(set(traps) - set(by_port))
+        # Every connection the sandbox made to a trap: {"host", "port", "time"}.
+        self.refused: list[dict[str, object]] = []
         self.directory: Path | None = None
         self._listeners: list[socket.socket] = []
         self._stopped = threading.Event()
+        self._lock = threading.Lock()
 
     @property
     def ports(self) -> list[int]:
-        return sorted(self.endpoints)
+        """Every port the sandbox's end listens on: the endpoints' and the traps."""
+        return sorted([*self.endpoints, *self.traps])
 
     @property
     def host_names(self) -> list[str]:
@@ -189,19 +239,19 @@ class EgressRelay:
         os.chmod(self.directory, 0o755)
         hosts = "127.0.0.1 localhost " + " ".join(self.host_names) + "\n::1 localhost\n"
         (self.directory / "hosts").write_text(hosts)
-        for port, endpoint in self.endpoints.items():
+        for port in self.ports:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             path = self.directory / f"{port}.sock"
             listener.bind(str(path))
             os.chmod(path, 0o777)
-            self._serve(listener, endpoint)
+            self._serve(listener, self._handler_for(port))
         return self.directory
 
     def listen_in_namespace(self, pid: int) -> None:
         """TCP listeners on the endpoints' ports inside the network namespace of process
         `pid`. A thread enters the namespace, makes them and leaves: a socket belongs to the
         namespace it was made in, wherever it is used from. Needs CAP_SYS_ADMIN (root)."""
-        made: list[tuple[socket.socket, Endpoint]] = []
+        made: list[tuple[socket.socket, int]] = []
         failure: list[OSError] = []
 
         def enter_and_listen() -> None:
@@ -210,8 +260,8 @@ class EgressRelay:
             try:
                 _setns(target)
                 try:
-                    for port, endpoint in self.endpoints.items():
-                        made.extend((sock, endpoint) for sock in listeners_on_loopback(port))
+                    for port in self.ports:
+                        made.extend((sock, port) for sock in listeners_on_loopback(port))
                 finally:
                     _setns(own)
             except OSError as exc:
@@ -223,17 +273,17 @@ class EgressRelay:
         thread = threading.Thread(target=enter_and_listen)
         thread.start()
         thread.join()
-        for listener, endpoint in made:
-            self._serve(listener, endpoint)
+        for listener, port in made:
+            self._serve(listener, self._handler_for(port))
         if failure:
             raise failure[0]
 
-    def _serve(self, listener: socket.socket, endpoint: Endpoint) -> None:
+    def _serve(self, listener: socket.socket, handle: Callable[[socket.socket], None]) -> None:
         listener.listen(64)
         self._listeners.append(listener)
         threading.Thread(
             target=serve,
-            args=(listener, self._handler(endpoint)),
+            args=(listener, handle),
             kwargs={"stopped": self._stopped},
             daemon=True,
         ).start()
@@ -246,6 +296,22 @@ class EgressRelay:
             listener.close()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _handler_for(self, port: int) -> Callable[[socket.socket], None]:
+        endpoint = self.endpoints.get(port)
+        return self._handler(endpoint) if endpoint is not None else self._trap(port)
+
+    def _trap(self, port: int) -> Callable[[socket.socket], None]:
+        def handle(client: socket.socket) -> None:
+            # A Unix socket (bubblewrap's relay) says no address; a TCP one (docker) does.
+            address = client.getsockname()
+            host = address[0] if isinstance(address, tuple) else "localhost"
+            with self._lock:
+                if len(self.refused) < MAX_REFUSED_RECORDED:
+                    self.refused.append({"host": host, "port": port, "time": time.time()})
+            client.close()
+
+        return handle
 
     def _handler(self, endpoint: Endpoint) -> Callable[[socket.socket], None]:
         def handle(client: socket.socket) -> None:

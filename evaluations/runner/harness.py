@@ -34,7 +34,12 @@ from evaluations.runner.context_attacks import apply_to_messages
 from evaluations.runner.egress import Endpoint
 from evaluations.runner.gateway import Gateway
 from evaluations.runner.outputs import collect_output_artifacts
-from evaluations.runner.sandbox import DEFAULT_MAX_PROCESSES, Sandbox, select_backend
+from evaluations.runner.sandbox import (
+    DEFAULT_DISK_MB,
+    DEFAULT_MAX_PROCESSES,
+    Sandbox,
+    select_backend,
+)
 from evaluations.runner.services import ServiceSet
 from evaluations.runner.toolproxy import ToolProxy, with_model_arguments
 
@@ -111,6 +116,7 @@ def run_execution(
         files=sandbox_conf.get("files"),
         allow_outside_spec_dir=not config.confine_to_spec_dir,
     )
+    warnings.extend(sandbox.run_warnings(workspace))
     started = time.time()
     try:
         with _world(spec, planned, scenario, config, workspace, execution_key, seed) as world:
@@ -127,6 +133,7 @@ def run_execution(
                 "cpus": resources.get("cpus", 2),
                 "memory_mb": resources.get("memory_mb", 2048),
                 "max_processes": resources.get("max_processes", DEFAULT_MAX_PROCESSES),
+                "disk_mb": resources.get("disk_mb", DEFAULT_DISK_MB),
             }
             setup_error = ensure_started(
                 spec.agent,
@@ -170,6 +177,7 @@ def run_execution(
                     stderr=result.stderr,
                     error=result.error,
                     tool_calls=[_tool_call(c) for c in result.tool_calls],
+                    refused_connections=result.refused_connections,
                 )
             artifact.workspace_path = str(workspace)
             artifact.workspace_diff = ws.diff(before, ws.snapshot(workspace), workspace)
@@ -449,6 +457,8 @@ def _run_setup(spec: Spec, sandbox: Sandbox, run_kwargs: dict[str, Any]) -> str 
         result = sandbox.run(command, stdin=None, **run_kwargs)
         if result.error is not None:  # the sandbox itself failed (a container that cannot start)
             return f"setup command {command!r} could not run: {result.error}"
+        if result.limit_exceeded:
+            return f"setup command {command!r} was killed: {result.limit_exceeded}"
         if result.timed_out:
             return f"setup command {command!r} timed out after {result.duration_ms / 1000:.1f}s"
         if result.exit_code != 0:

@@ -8,6 +8,8 @@ directory (`egress.EgressRelay`), and inside the sandbox this file, run as a scr
 the agent's command, listens on 127.0.0.1:PORT and relays each connection to the socket for
 that port. The agent sees the same URLs and DSNs as on the host; every other address,
 the server's own database, Redis, web port or a metadata service, is unreachable.
+The worker can also give it "trap" ports (`egress.trap_ports`): relayed like the others to a
+socket where the worker records the attempt and closes the connection.
 
 Run inside the sandbox by the sandbox's interpreter with `-I -S`, so it imports nothing but
 the standard library:
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
+import signal
 import socket
 import sys
 import threading
@@ -67,18 +71,15 @@ def serve(
         threading.Thread(target=handle, args=(client,), daemon=True).start()
 
 
-def _forward_to_unix(path: str) -> Callable[[socket.socket], None]:
-    def handle(client: socket.socket) -> None:
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            upstream.connect(path)
-        except OSError:
-            upstream.close()
-            client.close()  # the worker's side is gone: refuse as a closed port would
-            return
-        splice(client, upstream)
-
-    return handle
+def _connect_unix(client: socket.socket, path: str) -> socket.socket | None:
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.connect(path)
+    except OSError:
+        upstream.close()
+        client.close()  # the worker's side is gone: refuse as a closed port would
+        return None
+    return upstream
 
 
 def listeners_on_loopback(port: int) -> list[socket.socket]:
@@ -112,23 +113,40 @@ def main(argv: list[str]) -> None:
             print(f"keystone relay: cannot listen on 127.0.0.1:{port}: {exc}", file=sys.stderr)
             continue
         listeners += [(sock, os.path.join(socket_dir, f"{port}.sock")) for sock in bound]
+    # Listening before the fork: a command that connects before the relay's child runs
+    # waits in the backlog instead of being refused.
+    for sock, _ in listeners:
+        sock.listen(64)
     if os.fork() == 0:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # never hold the agent's output pipes open
             os.dup2(devnull, fd)
-        for sock, _ in listeners:
-            sock.listen(64)
-        threads = [
-            threading.Thread(target=serve, args=(sock, _forward_to_unix(path)), daemon=True)
-            for sock, path in listeners
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        # One thread accepts on every port (threads count against the sandbox's process
+        # limit, and there are many ports: the endpoints and the worker's traps).
+        with selectors.DefaultSelector() as selector:
+            for sock, path in listeners:
+                selector.register(sock, selectors.EVENT_READ, path)
+            while selector.get_map():
+                for key, _events in selector.select():
+                    try:
+                        client, _ = key.fileobj.accept()  # type: ignore[union-attr]
+                    except OSError:
+                        continue
+                    # Connected to the worker at once, not on the new thread: the worker
+                    # then has the connection even if the command exits right away (and
+                    # the kernel ends this relay with it).
+                    upstream = _connect_unix(client, key.data)
+                    if upstream is not None:
+                        threading.Thread(
+                            target=splice, args=(client, upstream), daemon=True
+                        ).start()
         os._exit(0)
     for sock, _ in listeners:
         sock.close()
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec:
+    # the command gets the defaults it would have had without the relay (`yes | head` ends).
+    for number in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(number, signal.SIG_DFL)
     os.execv(command[0], command)
 
 

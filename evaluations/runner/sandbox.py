@@ -20,6 +20,7 @@ import selectors
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -27,8 +28,8 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from checks import safe_files
 from checks.context import CommandResult, CommandRunner
 from evaluations.runner import relay
 from evaluations.runner.cgroups import CommandCgroup
-from evaluations.runner.egress import EgressRelay, Endpoint
+from evaluations.runner.egress import EgressRelay, Endpoint, trap_ports
 
 NETWORK_MODES = ("none", "services", "host")
 DEFAULT_MAX_OUTPUT_BYTES = 10 * 1024 * 1024
@@ -44,6 +45,8 @@ DEFAULT_MAX_FILE_BYTES = 1024 * 1024 * 1024
 # Processes (threads included) the whole command tree may have at once: a fork bomb stops
 # here. Enforced through a cgroup where the host has one to give (evaluations/runner/cgroups.py).
 DEFAULT_MAX_PROCESSES = 512
+# What the workspace may hold while a command runs (sandbox.resources.disk_mb).
+DEFAULT_DISK_MB = 2048
 # How long to keep reading a pipe after the process exited (its killed children close it).
 _DRAIN_SECONDS = 2.0
 _READ_CHUNK = 64 * 1024
@@ -62,6 +65,12 @@ class ProcessResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     error: str | None = None  # the sandbox could not start the command at all
+    # A limit the command broke and was killed for ("disk limit 100 MB exceeded ..."): the
+    # agent's own doing, so a failure, not an error of the sandbox.
+    limit_exceeded: str | None = None
+    # Connections the command tried to addresses its execution did not declare, where the
+    # sandbox could see them (egress.py): {"host", "port", "time"}.
+    refused_connections: list[dict[str, Any]] = field(default_factory=list)
 
 
 class SandboxUnavailable(Exception):
@@ -85,6 +94,14 @@ class _RunRequest:
     max_file_bytes: int
     egress: Sequence[Endpoint]
     max_processes: int | None
+    disk_mb: int | None
+
+    @property
+    def file_size_limit(self) -> int:
+        """RLIMIT_FSIZE: no single file larger than the whole workspace may be."""
+        if self.disk_mb is None:
+            return self.max_file_bytes
+        return min(self.max_file_bytes, self.disk_mb * 1024 * 1024)
 
 
 class Sandbox(ABC):
@@ -106,6 +123,7 @@ class Sandbox(ABC):
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         egress: Sequence[Endpoint] = (),
         max_processes: int | None = DEFAULT_MAX_PROCESSES,
+        disk_mb: int | None = DEFAULT_DISK_MB,
     ) -> ProcessResult:
         """Run `sh -c command` in `workspace` with exactly `env` (plus minimal defaults).
         `ro_binds` are extra host directories the command may read, at the same path.
@@ -129,6 +147,7 @@ class Sandbox(ABC):
             max_file_bytes=max_file_bytes,
             egress=tuple(egress),
             max_processes=max_processes,
+            disk_mb=disk_mb,
         )
         return self._run(request)
 
@@ -143,6 +162,10 @@ class Sandbox(ABC):
     def workspace_path(self, workspace: Path) -> str:
         """Where the workspace appears to the command."""
         return str(workspace)
+
+    def run_warnings(self, workspace: Path) -> list[str]:
+        """What the run should say about this sandbox's isolation of `workspace`'s commands."""
+        return []
 
     def python_executable(self) -> str:
         """The interpreter a python agent runs with inside this sandbox."""
@@ -234,6 +257,83 @@ class _CappedBuffer:
         return text
 
 
+# --------------------------------------------------------------------------- disk
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes the tree under `root` takes on disk: allocated blocks (a sparse file costs what
+    it stores), each inode once (hard links), links never followed."""
+    total = 0
+    seen: set[tuple[int, int]] = set()
+    pending = [str(root)]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue  # removed while we looked: it holds nothing any more
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) in seen:
+                continue
+            seen.add((info.st_dev, info.st_ino))
+            total += info.st_blocks * 512
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(entry.path)
+    return total
+
+
+class DiskWatch:
+    """Measures the workspace on a thread while a command runs and calls `kill` once it holds
+    more than `limit_mb`: RLIMIT_FSIZE bounds one file, this bounds all of them together.
+
+    The interval adapts to what a measurement costs (ten times it, at least 50 ms), so a
+    workspace of many files is not walked without pause; a fast writer can therefore go past
+    the limit by what it writes in one interval before it is killed."""
+
+    def __init__(self, workspace: Path, limit_mb: int | None, kill: Callable[[], object]) -> None:
+        self.workspace = workspace
+        self.limit_mb = limit_mb
+        self.kill = kill
+        self.exceeded = False
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> DiskWatch:
+        if self.limit_mb is not None:
+            self._thread = threading.Thread(target=self._watch, daemon=True)
+            self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        assert self.limit_mb is not None
+        limit = self.limit_mb * 1024 * 1024
+        interval = 0.05
+        while not self._stopped.wait(interval):
+            began = time.perf_counter()
+            if disk_usage(self.workspace) > limit:
+                self.exceeded = True
+                self.kill()
+                return
+            interval = max(0.05, 10 * (time.perf_counter() - began))
+
+    @property
+    def message(self) -> str | None:
+        if not self.exceeded:
+            return None
+        return (
+            f"disk limit {self.limit_mb} MB exceeded: the workspace grew past it and the "
+            "command was killed (sandbox.resources.disk_mb)"
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
 # --------------------------------------------------------------------------- local processes
 
 PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"  # util-linux, on every Debian system
@@ -253,6 +353,40 @@ def _limits(
     if max_file_bytes is not None:
         limits.append(f"--fsize={max_file_bytes}")
     return [PRLIMIT, *limits, "--"] if limits else []
+
+
+NOBODY = 65534
+
+
+def _hand_to_nobody(workspace: Path) -> None:
+    """Make the workspace nobody's, so an agent running as nobody can write it. Links are
+    changed, never followed (lchown; os.walk does not descend into them)."""
+    for directory, dirnames, filenames in os.walk(workspace):
+        os.lchown(directory, NOBODY, NOBODY)
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(directory, name), NOBODY, NOBODY)
+
+
+def _closed_to_others(path: Path) -> Path | None:
+    """The first directory on the way to `path` that users other than its owner cannot
+    traverse (no `x` for others), or None when any user can reach it."""
+    for directory in reversed(path.resolve().parents):
+        try:
+            if not os.stat(directory).st_mode & stat.S_IXOTH:
+                return directory
+        except OSError:
+            return directory
+    return None
+
+
+def _kill_unreaped(pid: int) -> None:
+    """Kill the group of our child `pid` from another thread, unless it was reaped already:
+    then its group id may belong to someone else by now."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return
+    _kill_group(pid)
 
 
 def _kill_group(pgid: int) -> None:
@@ -290,13 +424,18 @@ class _ProcessSandbox(Sandbox):
     def _run(self, request: _RunRequest) -> ProcessResult:
         with contextlib.ExitStack() as stack:
             egress = None
-            if self.isolates_network and request.network == "services" and request.egress:
-                egress = stack.enter_context(EgressRelay(request.egress))
+            if self.isolates_network and request.network == "services":
+                # The relay inside runs as nobody without capability: no port below 1024.
+                traps = trap_ports(request.egress, lowest=1024)
+                egress = stack.enter_context(EgressRelay(request.egress, traps=traps))
                 egress.listen_unix()
             group = stack.enter_context(
                 CommandCgroup(max_processes=request.max_processes, memory_mb=request.memory_mb)
             )
-            return self._start(request, egress, group)
+            result = self._start(request, egress, group)
+            if egress is not None:
+                result.refused_connections = list(egress.refused)
+            return result
 
     # Whether `network: services` gets a network namespace reaching only `egress`.
     isolates_network = False
@@ -316,7 +455,7 @@ class _ProcessSandbox(Sandbox):
         # --setenv), where any process on the host could read secrets in /proc/PID/cmdline.
         env = self._environment(request.env, str(workspace))
         limits = _limits(
-            _cpu_limit(request.timeout, request.cpus), request.memory_mb, request.max_file_bytes
+            _cpu_limit(request.timeout, request.cpus), request.memory_mb, request.file_size_limit
         )
         started = time.perf_counter()
         try:
@@ -337,9 +476,11 @@ class _ProcessSandbox(Sandbox):
         with self._lock:
             self._running[process.pid] = process
         try:
-            result = self._communicate(
-                process, request.stdin, started, request.timeout, request.max_output_bytes
-            )
+            with DiskWatch(workspace, request.disk_mb, lambda: _kill_unreaped(process.pid)) as disk:
+                result = self._communicate(
+                    process, request.stdin, started, request.timeout, request.max_output_bytes
+                )
+            result.limit_exceeded = disk.message
             if group.pids_hit_limit():  # said where the agent's own errors are read
                 result.stderr += (
                     f"\nkeystone: the process limit ({request.max_processes}) was reached; "
@@ -494,10 +635,51 @@ class _ExitWatch:
             self.fd = None
 
 
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"  # util-linux, like prlimit
+
+
 class LocalSandbox(_ProcessSandbox):
-    """No isolation beyond a process group, rlimits and a clean environment."""
+    """No isolation beyond a process group and session, rlimits, a clean environment and,
+    when the worker is root, another user: `nobody`, so the agent can neither signal the
+    worker nor read its files."""
 
     name = "local"
+
+    def _runs_as_nobody(self, workspace: Path) -> bool:
+        # As nobody wherever nobody can reach the workspace (without a mount namespace there
+        # is no other way in); elsewhere the run carries a warning (run_warnings).
+        return os.getuid() == 0 and _closed_to_others(workspace) is None
+
+    def run_warnings(self, workspace: Path) -> list[str]:
+        if os.getuid() != 0:
+            return [
+                f"the local backend runs the agent as the worker's own user (uid {os.getuid()}):"
+                " it can signal the worker's processes and read every file the worker can"
+                " (use sandbox.backend: bwrap)"
+            ]
+        blocked = _closed_to_others(workspace)
+        if blocked is not None:
+            return [
+                "the local backend runs the agent as root, the worker's own user: nobody "
+                f"(uid {NOBODY}) cannot traverse {blocked} to reach the workspace (keep "
+                "KEYSTONE_HOME where other users can traverse, or use sandbox.backend: bwrap)"
+            ]
+        interpreter = _closed_to_others(Path(sys.executable))
+        if interpreter is not None:
+            return [
+                f"the local backend runs the agent as nobody (uid {NOBODY}), who cannot traverse "
+                f"{interpreter} to Keystone's interpreter {sys.executable}: python agents and "
+                "`python` in commands will not start (install Keystone where other users can "
+                "reach it, or use sandbox.backend: bwrap)"
+            ]
+        return []
+
+    def _start(
+        self, request: _RunRequest, egress: EgressRelay | None, group: CommandCgroup
+    ) -> ProcessResult:
+        if self._runs_as_nobody(request.workspace):
+            _hand_to_nobody(request.workspace)
+        return super()._start(request, egress, group)
 
     def argv(
         self,
@@ -510,7 +692,15 @@ class LocalSandbox(_ProcessSandbox):
     ) -> list[str]:
         # Nothing to isolate with: the workspace is the working directory, the network and
         # the extra binds are the host's own.
-        return ["/bin/sh", "-c", command]
+        shell = ["/bin/sh", "-c", command]
+        if not self._runs_as_nobody(workspace):
+            return shell
+        # setpriv drops to nobody after the cgroup and the rlimits are in place (they need
+        # root), without a preexec function in the worker (Popen's user= would cost a fork
+        # of the whole worker instead of a vfork); no capability, no setuid escalation.
+        drop = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        drop += ["--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
+        return [SETPRIV, *drop, "--", *shell]
 
 
 def _cpu_limit(timeout: float, cpus: float | None) -> int:
@@ -774,9 +964,15 @@ class DockerSandbox(Sandbox):
         wrapper = 'exec /bin/sh -c "$1" < "$2" > "$3" 2> "$4"'
         # `services`: a network of its own (none), where the worker then makes listeners for
         # the execution's endpoints; the command waits for them (the marker file $5).
-        relay = EgressRelay(request.egress) if request.network == "services" else None
+        # Traps only with endpoints: the worker enters the container's network namespace
+        # (root only) when it has endpoints to relay, never just for the traps.
+        relay = (
+            EgressRelay(request.egress, traps=trap_ports(request.egress) if request.egress else ())
+            if request.network == "services"
+            else None
+        )
         ready_name = f".keystone/netready-{token}"
-        if relay is not None and relay.endpoints:
+        if relay is not None and relay.ports:
             wrapper = 'while [ ! -e "$5" ]; do sleep 0.01; done; ' + wrapper
         # A list, not a dict keyed by host path: the same host path may appear twice.
         volumes = [f"{workspace}:{_CONTAINER_WORKSPACE}:rw"]
@@ -785,6 +981,7 @@ class DockerSandbox(Sandbox):
         timed_out = False
         exit_code: int | None = None
         error: str | None = None
+        limit_exceeded: str | None = None
         try:
             container = self.client.containers.create(
                 self.image,
@@ -810,7 +1007,7 @@ class DockerSandbox(Sandbox):
                 tmpfs={"/tmp": "rw,nosuid,nodev,size=256m"},
                 ulimits=[
                     docker.types.Ulimit(
-                        name="fsize", soft=request.max_file_bytes, hard=request.max_file_bytes
+                        name="fsize", soft=request.file_size_limit, hard=request.file_size_limit
                     )
                 ],
                 labels={"keystone.sandbox": "docker"},
@@ -819,7 +1016,7 @@ class DockerSandbox(Sandbox):
             with self._lock:
                 self._containers[container.id] = container
             container.start()
-            if relay is not None and relay.endpoints:
+            if relay is not None and relay.ports:
                 container.reload()
                 try:
                     relay.listen_in_namespace(int(container.attrs["State"]["Pid"]))
@@ -831,12 +1028,16 @@ class DockerSandbox(Sandbox):
                     ) from exc
                 safe_files.write_text(workspace, ready_name, "")
             remaining = max(0.1, started + request.timeout - time.perf_counter())
-            try:
-                exit_code = int(container.wait(timeout=remaining)["StatusCode"])
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                timed_out = True
-                container.kill()
-                exit_code = int(container.wait(timeout=30)["StatusCode"])
+            # The workspace is a bind mount: `--storage-opt size=` bounds only the image's
+            # writable layer (read-only here), so the workspace is watched as for bwrap.
+            with DiskWatch(workspace, request.disk_mb, container.kill) as disk:
+                try:
+                    exit_code = int(container.wait(timeout=remaining)["StatusCode"])
+                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                    timed_out = True
+                    container.kill()
+                    exit_code = int(container.wait(timeout=30)["StatusCode"])
+            limit_exceeded = disk.message
         except docker.errors.DockerException as exc:
             error = f"docker: {exc}"
         finally:
@@ -860,10 +1061,9 @@ class DockerSandbox(Sandbox):
             stdout_truncated=out.truncated,
             stderr_truncated=err.truncated,
             error=error,
+            limit_exceeded=limit_exceeded,
+            refused_connections=list(relay.refused) if relay is not None else [],
         )
-
-
-NOBODY = 65534
 
 
 def _container_user(workspace: Path) -> str:
@@ -871,10 +1071,7 @@ def _container_user(workspace: Path) -> str:
     (root in a container is root on the host's files); the workspace is then handed to it."""
     if os.getuid() != 0:
         return f"{os.getuid()}:{os.getgid()}"
-    for directory, dirnames, filenames in os.walk(workspace):
-        os.lchown(directory, NOBODY, NOBODY)
-        for name in dirnames + filenames:
-            os.lchown(os.path.join(directory, name), NOBODY, NOBODY)
+    _hand_to_nobody(workspace)
     return f"{NOBODY}:{NOBODY}"
 
 

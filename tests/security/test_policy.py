@@ -82,6 +82,15 @@ def test_limits_nobody_would_allow_are_refused(project: Project) -> None:
 
 
 @pytest.mark.django_db
+def test_a_disk_limit_above_the_ceiling_is_refused(project: Project, settings: Any) -> None:
+    settings.KEYSTONE_POLICY_MAX_DISK_MB = 500
+    message = _refusal(project, "sandbox:\n  resources: {disk_mb: 1000000}\n")
+    assert "sandbox.resources.disk_mb" in message
+    assert "1e+06 is above this server's ceiling of 500" in message
+    assert "KEYSTONE_POLICY_MAX_DISK_MB" in message
+
+
+@pytest.mark.django_db
 def test_an_unbounded_plan_is_refused_with_its_size_and_the_limit(
     project: Project, django_user_model: Any, settings: Any
 ) -> None:

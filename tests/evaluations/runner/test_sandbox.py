@@ -377,10 +377,31 @@ def test_bwrap_network_services_reaches_the_declared_endpoints_only(
     assert result.exit_code == 0, result.stderr
     assert connected.wait(5)
 
-    # The same port, not declared: the sandbox's own network has nothing there.
+    # Another port the host listens on, not declared: a trap answers in the sandbox (it
+    # closes without a byte, and the attempt is recorded); the host's server never sees it.
     other_port, other_connected = _listening_server()
+    talk = (
+        'python -c \'import socket; s = socket.create_connection(("127.0.0.1", {port}), 3); '
+        'print("answer", s.recv(10))\''
+    )
     result = bwrap_sandbox.run(
-        _CONNECT.format(port=other_port),
+        talk.format(port=other_port),
+        workspace=workspace,
+        env={},
+        timeout=10,
+        network="services",
+        egress=declared,
+    )
+    assert result.stdout.strip() == "answer b''", result.stderr
+    assert [a["port"] for a in result.refused_connections] == [other_port]
+    assert not other_connected.wait(0.5)
+    # A port nothing on the host listens on, nor trapped: refused, as a closed port is.
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    free_port = free.getsockname()[1]
+    free.close()
+    result = bwrap_sandbox.run(
+        _CONNECT.format(port=free_port),
         workspace=workspace,
         env={},
         timeout=10,
@@ -388,7 +409,6 @@ def test_bwrap_network_services_reaches_the_declared_endpoints_only(
         egress=declared,
     )
     assert result.exit_code != 0 and "Connection refused" in result.stderr
-    assert not other_connected.wait(0.5)
 
 
 def test_bwrap_read_only_binds_are_readable_but_not_writable(

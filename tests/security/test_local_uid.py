@@ -1,0 +1,116 @@
+"""Issue 13, item 8 (local backend): the agent never shares the worker's uid when that can be
+avoided. The attack is an agent under `backend: local` that signals the worker, kills one of
+the worker's own processes and reads a file only the worker may read. With the worker root,
+the agent runs as nobody and each attempt fails; with a worker that is not root, the run says
+that the agent shares its uid."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from evaluations.runner.sandbox import NOBODY, LocalSandbox
+
+CANARY = "keystone-worker-only-6c2e"
+
+
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A directory any user can traverse to (pytest's tmp_path is under a 0700 directory)."""
+    directory = Path(tempfile.mkdtemp(prefix="keystone-sec-", dir="/tmp"))
+    os.chmod(directory, 0o755)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root: the agent keeps its uid")
+def test_a_local_agent_cannot_signal_the_worker_or_read_its_files(reachable: Path) -> None:
+    secret = reachable / "worker-secret"
+    secret.write_text(CANARY)
+    os.chmod(secret, 0o600)
+    workspace = reachable / "ws"
+    workspace.mkdir()
+    worker_child = subprocess.Popen(["sleep", "60"])  # one of the worker's own processes
+    try:
+        command = (
+            f"kill -0 {os.getpid()}; echo signal-worker=$?; "
+            f"kill -KILL {worker_child.pid}; echo kill-child=$?; "
+            f"cat {secret}; echo read=$?; echo uid=$(id -u)"
+        )
+        sandbox = LocalSandbox()
+        result = sandbox.run(command, workspace=workspace, env={}, timeout=30)
+        out = result.stdout
+        assert "signal-worker=1" in out, out + result.stderr
+        assert "kill-child=1" in out
+        assert worker_child.poll() is None  # still running
+        assert "read=1" in out and CANARY not in out + result.stderr
+        assert f"uid={NOBODY}" in out
+        assert not any("own user" in w for w in sandbox.run_warnings(workspace))
+    finally:
+        worker_child.kill()
+        worker_child.wait()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root: the agent keeps its uid")
+def test_the_workspace_stays_writable_for_the_agent(reachable: Path) -> None:
+    workspace = reachable / "ws"
+    (workspace / "src").mkdir(parents=True)
+    (workspace / "src" / "app.py").write_text("print('v1')\n")
+    result = LocalSandbox().run(
+        "echo \"print('v2')\" > src/app.py && mkdir -p out && echo done > out/r.txt "
+        "&& echo home > $HOME/h && echo ok",
+        workspace=workspace,
+        env={},
+        timeout=30,
+    )
+    assert result.stdout.strip() == "ok", result.stderr
+    assert (workspace / "out" / "r.txt").read_text() == "done\n"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
+def test_a_worker_that_is_not_root_warns_that_the_agent_shares_its_uid(reachable: Path) -> None:
+    # A real worker that is not root: this process, forked, gives up root for nobody (the
+    # interpreter is already loaded, wherever it is installed), then runs an agent that
+    # signals its worker.
+    workspace = reachable / "ws"
+    workspace.mkdir()
+    os.chown(workspace, NOBODY, NOBODY)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker, as nobody
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)
+            sandbox = LocalSandbox()
+            result = sandbox.run(
+                f"kill -0 {os.getpid()}; echo signal-worker=$?",
+                workspace=workspace,
+                env={},
+                timeout=30,
+                # The parent's (root's) cgroups are not this worker's to use.
+                max_processes=None,
+                memory_mb=None,
+            )
+            report = {"warnings": sandbox.run_warnings(workspace), "stdout": result.stdout}
+            os.write(write_end, json.dumps(report).encode())
+        except BaseException as exc:
+            os.write(write_end, json.dumps({"error": repr(exc)}).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        report = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    assert "error" not in report, report
+    # The agent shares the worker's uid (it can signal it), and the run says so.
+    assert "signal-worker=0" in report["stdout"]
+    assert any(f"worker's own user (uid {NOBODY})" in w for w in report["warnings"])
