@@ -424,8 +424,10 @@ class _ProcessSandbox(Sandbox):
     def _run(self, request: _RunRequest) -> ProcessResult:
         with contextlib.ExitStack() as stack:
             egress = None
-            if self.isolates_network and request.network == "services":
-                # The relay inside runs as nobody without capability: no port below 1024.
+            if self.isolates_network and request.network == "services" and request.egress:
+                # Traps only with endpoints, as under Docker: the relay runs for them anyway,
+                # and starting it just for the traps would cost every execution a Python
+                # start. It runs as nobody without capability inside: no port below 1024.
                 traps = trap_ports(request.egress, lowest=1024)
                 egress = stack.enter_context(EgressRelay(request.egress, traps=traps))
                 egress.listen_unix()
