@@ -416,6 +416,7 @@ def bench_pages(client: Any) -> dict[str, str]:
         "execution detail (synthetic)": reverse("execution_detail", args=[slug, synthetic.pk]),
         "execution detail (real)": reverse("execution_detail", args=[slug, failing.pk]),
         "review queue": queue,
+        "review queue (page 2)": _page_two(client, queue),
         "review queue (complete)": queue + "?status=complete",
         "review queue (filtered)": queue + f"?spec={spec}&criteria={INVARIANTS[1]}",
         "review item (open)": reverse("review_item", args=[slug, open_item.pk]),

@@ -26,8 +26,9 @@ from evaluations.models import (
 )
 from evaluations.selectors.bounds import capped_count
 from evaluations.selectors.executions import LLM_MESSAGES_SHOWN, message_line
+from evaluations.selectors.runs import RunCursor
 
-REVIEW_QUEUE_MAX = 100  # rows in the queue table
+REVIEW_QUEUE_MAX = 50  # rows in a page of the queue table
 REVIEW_CHOICES_MAX = 100  # entries per filter drop-down
 TRACE_READ_MAX = 512 * 1024  # bytes of trace.json read for the transcript summary
 TOOL_CALLS_SHOWN = 50
@@ -149,15 +150,38 @@ def review_grades(project: Project, filters: ReviewFilters) -> Any:
     )
 
 
-def review_queue_items(
-    project: Project, filters: ReviewFilters, *, status: str, limit: int = REVIEW_QUEUE_MAX
-) -> list[Any]:
-    """The first `limit` items of one status, oldest first (newest completed first), read
-    from the (project, status, ...) indexes; their verdict counts in one more query for
-    these rows only."""
+@dataclass(frozen=True, slots=True)
+class ReviewPage:
+    items: list[Any]
+    next_cursor: RunCursor | None  # where the next page starts; None on the last page
+
+
+def review_queue_page(
+    project: Project,
+    filters: ReviewFilters,
+    *,
+    status: str,
+    after: RunCursor | None = None,
+    limit: int = REVIEW_QUEUE_MAX,
+) -> ReviewPage:
+    """One page of items of one status, oldest first (newest completed first), by keyset:
+    `after` is the (created or completed, id) of the previous page's last row, so every
+    page is a range of the (project, status, ...) indexes, never an OFFSET. Their verdict
+    counts come in one more query for these rows only."""
     items = filters.apply(ReviewItem.objects.filter(project=project, status=status))
-    order = ("-completed", "-id") if status == "complete" else ("created", "id")
-    rows = list(items.select_related("spec", "claimed_by").order_by(*order)[:limit])
+    done = status == ReviewStatus.COMPLETE
+    if after is not None:
+        if done:
+            items = items.filter(
+                Q(completed__lt=after.created) | Q(completed=after.created, id__lt=after.id)
+            )
+        else:
+            items = items.filter(
+                Q(created__gt=after.created) | Q(created=after.created, id__gt=after.id)
+            )
+    order = ("-completed", "-id") if done else ("created", "id")
+    rows = list(items.select_related("spec", "claimed_by").order_by(*order)[: limit + 1])
+    more, rows = len(rows) > limit, rows[:limit]
     verdicts = dict(
         ReviewVerdict.objects.filter(item__in=[row.pk for row in rows])
         .order_by()
@@ -166,7 +190,19 @@ def review_queue_items(
     )
     for row in rows:
         row.verdict_count = verdicts.get(row.pk, 0)
-    return rows
+    last = rows[-1] if rows and more else None
+    when = None if last is None else (last.completed if done else last.created)
+    return ReviewPage(
+        items=rows,
+        next_cursor=None if last is None or when is None else RunCursor(created=when, id=last.pk),
+    )
+
+
+def review_queue_items(
+    project: Project, filters: ReviewFilters, *, status: str, limit: int = REVIEW_QUEUE_MAX
+) -> list[Any]:
+    """The first page of review_queue_page."""
+    return review_queue_page(project, filters, status=status, limit=limit).items
 
 
 def review_filter_choices(project: Project) -> dict[str, list[Any]]:
