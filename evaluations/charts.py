@@ -139,15 +139,14 @@ def figure_dict(figure: go.Figure) -> dict[str, Any]:
 
 
 def run_links(project_slug: str) -> Callable[[dict[str, Any]], str]:
-    """row (with an `id`) -> its run page, for points and tables. Each URL is reversed once:
-    a trends page links the same 100 runs from six charts and a table."""
-    urls: dict[int, str] = {}
+    """row (with an `id`) -> its run page, for points and tables. One URL is reversed and
+    the others made from it: the overview links 150 runs and a trends page 100 from six
+    charts and a table, and reversing each showed in their profiles."""
+    template = reverse("run_detail", args=[project_slug, 0])
+    prefix, suffix = template.rsplit("/0/", 1)
 
     def link(row: dict[str, Any]) -> str:
-        run_id = row["id"]
-        if run_id not in urls:
-            urls[run_id] = reverse("run_detail", args=[project_slug, run_id])
-        return urls[run_id]
+        return f"{prefix}/{int(row['id'])}/{suffix}"
 
     return link
 
