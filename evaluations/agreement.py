@@ -59,7 +59,8 @@ class Tally:
             if p.judge_score is not None and p.human_score is not None:
                 absolute_error += abs(p.judge_score - p.human_score)
                 scored += 1
-        return cls(*counts, absolute_error=absolute_error, scored=scored)
+        both_pass, both_fail, judge_only, human_only = counts
+        return cls(both_pass, both_fail, judge_only, human_only, absolute_error, scored)
 
     def __add__(self, other: Tally) -> Tally:
         return Tally(
