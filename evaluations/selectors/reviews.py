@@ -28,7 +28,8 @@ from evaluations.selectors.bounds import capped_count
 from evaluations.selectors.executions import LLM_MESSAGES_SHOWN, message_line
 from evaluations.selectors.runs import RunCursor
 
-REVIEW_QUEUE_MAX = 50  # rows in a page of the queue table
+REVIEW_QUEUE_MAX = 100  # items the API's queue list returns
+REVIEW_PAGE_ROWS = 50  # rows in a page of the queue table
 REVIEW_CHOICES_MAX = 100  # entries per filter drop-down
 TRACE_READ_MAX = 512 * 1024  # bytes of trace.json read for the transcript summary
 TOOL_CALLS_SHOWN = 50
@@ -162,7 +163,7 @@ def review_queue_page(
     *,
     status: str,
     after: RunCursor | None = None,
-    limit: int = REVIEW_QUEUE_MAX,
+    limit: int = REVIEW_PAGE_ROWS,
 ) -> ReviewPage:
     """One page of items of one status, oldest first (newest completed first), by keyset:
     `after` is the (created or completed, id) of the previous page's last row, so every

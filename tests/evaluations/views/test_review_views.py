@@ -616,3 +616,12 @@ def test_the_queue_pages_by_keyset_oldest_first(
     assert shown(first) + shown(second) == expected
     assert len(shown(first)) == 50 and 'rel="next"' not in second
     assert not any("OFFSET" in q["sql"].upper() for q in queries)
+
+
+def test_counts_stop_at_the_cap_and_read_as_more_than_it(world: Run) -> None:
+    from evaluations.selectors.bounds import capped_count, capped_text
+
+    queued = ReviewItem.objects.filter(run=world)
+    assert queued.count() == 3
+    assert capped_count(queued, cap=5) == 3 and capped_text(3, cap=5) == "3"
+    assert capped_count(queued, cap=2) == 3 and capped_text(3, cap=2) == "2+"
