@@ -291,9 +291,17 @@ def main() -> int:
     else:
         table = render(rows, repeat, smoke=args.smoke)
     if out is not None:
-        out.write_text(table)
+        out.write_text(table + hand_written(out))
         print(f"wrote {out}")
     return 0
+
+
+def hand_written(path: Path) -> str:
+    """The sections people wrote below the table (from its first "## " heading on, such as
+    the pages' EXPLAIN output): the table is measured again, they are kept."""
+    text = path.read_text() if path.exists() else ""
+    start = text.find("\n## ")
+    return "" if start < 0 else text[start:]
 
 
 def render(rows: list[tuple[str, str, str, str]], repeat: int, *, smoke: bool) -> str:

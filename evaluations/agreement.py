@@ -38,25 +38,89 @@ class Agreement:
     scored: int  # pairs with both scores, the n of the MAE
 
 
-def _counts(pairs: Sequence[Pair]) -> tuple[int, int, int, int]:
-    both_pass = sum(1 for p in pairs if p.judge_passed and p.human_passed)
-    both_fail = sum(1 for p in pairs if not p.judge_passed and not p.human_passed)
-    judge_only = sum(1 for p in pairs if p.judge_passed and not p.human_passed)
-    human_only = sum(1 for p in pairs if not p.judge_passed and p.human_passed)
-    return both_pass, both_fail, judge_only, human_only
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """The counts an Agreement is computed from. Tallies add up, so the database can count
+    per group and day and a cumulative trend is one running sum."""
+
+    both_pass: int = 0
+    both_fail: int = 0
+    judge_pass_human_fail: int = 0
+    judge_fail_human_pass: int = 0
+    absolute_error: float = 0.0  # summed over the scored pairs
+    scored: int = 0
+
+    @classmethod
+    def of(cls, pairs: Iterable[Pair]) -> Tally:
+        counts = [0, 0, 0, 0]
+        absolute_error, scored = 0.0, 0
+        for p in pairs:
+            counts[_cell(p)] += 1
+            if p.judge_score is not None and p.human_score is not None:
+                absolute_error += abs(p.judge_score - p.human_score)
+                scored += 1
+        both_pass, both_fail, judge_only, human_only = counts
+        return cls(both_pass, both_fail, judge_only, human_only, absolute_error, scored)
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(
+            self.both_pass + other.both_pass,
+            self.both_fail + other.both_fail,
+            self.judge_pass_human_fail + other.judge_pass_human_fail,
+            self.judge_fail_human_pass + other.judge_fail_human_pass,
+            self.absolute_error + other.absolute_error,
+            self.scored + other.scored,
+        )
+
+    @property
+    def n(self) -> int:
+        return (
+            self.both_pass
+            + self.both_fail
+            + self.judge_pass_human_fail
+            + self.judge_fail_human_pass
+        )
+
+    def agreement(self) -> Agreement:
+        n, agreed = self.n, self.both_pass + self.both_fail
+        return Agreement(
+            n=n,
+            agreed=agreed,
+            both_pass=self.both_pass,
+            both_fail=self.both_fail,
+            judge_pass_human_fail=self.judge_pass_human_fail,
+            judge_fail_human_pass=self.judge_fail_human_pass,
+            percent=agreed / n if n else None,
+            kappa=_kappa(
+                self.both_pass,
+                self.both_fail,
+                self.judge_pass_human_fail,
+                self.judge_fail_human_pass,
+            ),
+            mae=self.absolute_error / self.scored if self.scored else None,
+            scored=self.scored,
+        )
+
+
+def _cell(pair: Pair) -> int:
+    """The pair's cell of the 2x2 table, in Tally's field order."""
+    if pair.judge_passed:
+        return 0 if pair.human_passed else 2
+    return 3 if pair.human_passed else 1
 
 
 def percent_agreement(pairs: Sequence[Pair]) -> float | None:
-    if not pairs:
-        return None
-    return sum(1 for p in pairs if p.judge_passed == p.human_passed) / len(pairs)
+    return Tally.of(pairs).agreement().percent
 
 
 def cohen_kappa(pairs: Sequence[Pair]) -> float | None:
-    n = len(pairs)
+    return Tally.of(pairs).agreement().kappa
+
+
+def _kappa(both_pass: int, both_fail: int, judge_only: int, human_only: int) -> float | None:
+    n = both_pass + both_fail + judge_only + human_only
     if n == 0:
         return None
-    both_pass, both_fail, judge_only, human_only = _counts(pairs)
     judge_pass, judge_fail = both_pass + judge_only, both_fail + human_only
     human_pass, human_fail = both_pass + human_only, both_fail + judge_only
     # Everything multiplied by n^2 so the counts stay integers until the one division.
@@ -68,29 +132,11 @@ def cohen_kappa(pairs: Sequence[Pair]) -> float | None:
 
 
 def mean_absolute_error(pairs: Sequence[Pair]) -> float | None:
-    errors = [
-        abs(p.judge_score - p.human_score)
-        for p in pairs
-        if p.judge_score is not None and p.human_score is not None
-    ]
-    return sum(errors) / len(errors) if errors else None
+    return Tally.of(pairs).agreement().mae
 
 
 def agreement(pairs: Iterable[Pair]) -> Agreement:
-    pairs = list(pairs)
-    both_pass, both_fail, judge_only, human_only = _counts(pairs)
-    return Agreement(
-        n=len(pairs),
-        agreed=both_pass + both_fail,
-        both_pass=both_pass,
-        both_fail=both_fail,
-        judge_pass_human_fail=judge_only,
-        judge_fail_human_pass=human_only,
-        percent=percent_agreement(pairs),
-        kappa=cohen_kappa(pairs),
-        mae=mean_absolute_error(pairs),
-        scored=sum(1 for p in pairs if p.judge_score is not None and p.human_score is not None),
-    )
+    return Tally.of(pairs).agreement()
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +152,17 @@ def agreement_trend(dated: Iterable[tuple[date, Pair]]) -> list[TrendPoint]:
     by_day: dict[date, list[Pair]] = {}
     for day, pair in dated:
         by_day.setdefault(day, []).append(pair)
+    return tally_trend((day, Tally.of(pairs)) for day, pairs in by_day.items())
+
+
+def tally_trend(daily: Iterable[tuple[date, Tally]]) -> list[TrendPoint]:
+    """The cumulative trend from each day's tally (a day may come more than once)."""
+    by_day: dict[date, Tally] = {}
+    for day, tally in daily:
+        by_day[day] = by_day.get(day, Tally()) + tally
     points: list[TrendPoint] = []
-    seen: list[Pair] = []
+    seen = Tally()
     for day in sorted(by_day):
-        seen.extend(by_day[day])
-        points.append(TrendPoint(day=day, added=len(by_day[day]), cumulative=agreement(seen)))
+        seen += by_day[day]
+        points.append(TrendPoint(day=day, added=by_day[day].n, cumulative=seen.agreement()))
     return points

@@ -14,6 +14,7 @@ Figure into the same kind of dict for builders that need graph_objects.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,8 +87,18 @@ def run_hover(name: str, row: dict[str, Any]) -> str:
         parts.append(str(row["branch"]))
     created = row.get("created")
     if isinstance(created, datetime):
-        parts.append(timezone.localtime(created).strftime("%Y-%m-%d %H:%M"))
+        parts.append(_wall_clock(created, timezone.get_current_timezone_name())[:16])
     return " · ".join(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _wall_clock(value: datetime, zone: str) -> str:
+    """value as local wall-clock time, "YYYY-MM-DD HH:MM:SS". Cached: a trends page asks for
+    each of its 100 runs' times a dozen times (every chart, every line), and converting
+    time zones is most of a chart's Python time. `zone` is part of the key."""
+    if timezone.is_aware(value):
+        value = timezone.localtime(value)
+    return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _x_axis(values: list[Any]) -> dict[str, Any]:
@@ -113,9 +124,7 @@ def _x_axis(values: list[Any]) -> dict[str, Any]:
 def chart_x(value: Any) -> Any:
     """plotly.js reads dates without a time zone: send local wall-clock time."""
     if isinstance(value, datetime):
-        if timezone.is_aware(value):
-            value = timezone.localtime(value)
-        return value.strftime("%Y-%m-%d %H:%M:%S")
+        return _wall_clock(value, timezone.get_current_timezone_name())
     if isinstance(value, date):
         return value.isoformat()
     return value
@@ -130,15 +139,14 @@ def figure_dict(figure: go.Figure) -> dict[str, Any]:
 
 
 def run_links(project_slug: str) -> Callable[[dict[str, Any]], str]:
-    """row (with an `id`) -> its run page, for points and tables. Each URL is reversed once:
-    a trends page links the same 100 runs from six charts and a table."""
-    urls: dict[int, str] = {}
+    """row (with an `id`) -> its run page, for points and tables. One URL is reversed and
+    the others made from it: the overview links 150 runs and a trends page 100 from six
+    charts and a table, and reversing each showed in their profiles."""
+    template = reverse("run_detail", args=[project_slug, 0])
+    prefix, suffix = template.rsplit("/0/", 1)
 
     def link(row: dict[str, Any]) -> str:
-        run_id = row["id"]
-        if run_id not in urls:
-            urls[run_id] = reverse("run_detail", args=[project_slug, run_id])
-        return urls[run_id]
+        return f"{prefix}/{int(row['id'])}/{suffix}"
 
     return link
 

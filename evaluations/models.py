@@ -819,6 +819,18 @@ class ReviewItem(models.Model):
                 fields=["project", "status", "judge_model", "completed"],
                 name="reviewitem_agreement_idx",
             ),
+            # The queue's "complete" tab, newest first.
+            models.Index(
+                fields=["project", "status", "completed", "id"], name="reviewitem_done_idx"
+            ),
+            # The criteria drop-down: a skip scan over the distinct invariant ids.
+            models.Index(fields=["project", "invariant_id"], name="reviewitem_criteria_idx"),
+            # "n open items being graded now": the claimed few, not every open item.
+            models.Index(
+                fields=["project", "claim_expires"],
+                condition=Q(status="open", claim_expires__isnull=False),
+                name="reviewitem_claim_idx",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -871,6 +883,10 @@ class ReviewVerdict(models.Model):
             models.CheckConstraint(
                 condition=Q(score__gte=0.0) & Q(score__lte=1.0), name="reviewverdict_score_range"
             ),
+        ]
+        indexes = [
+            # A reviewer's grades newest first ("Previous"), and their count.
+            models.Index(fields=["reviewer", "created", "id"], name="reviewverdict_reviewer_idx"),
         ]
 
     def __str__(self) -> str:

@@ -67,6 +67,7 @@ from evaluations.selectors.reviews import (
     review_kappa,
     review_progress,
     review_queue_items,
+    review_queue_page,
 )
 from evaluations.selectors.runs import (
     RESULT_SOURCE_RANK,
@@ -161,6 +162,7 @@ __all__ = [
     "review_item_view",
     "review_kappa",
     "review_queue_items",
+    "review_queue_page",
     "run_cell_rows",
     "run_execution_counts",
     "run_for_page",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 # Every list here is bounded (a slice or a per-spec window), reads only the columns its page
 # shows, and never scans executions or check results: pages use the per-run aggregates that
 # run_finalize writes (composite, pass_rate, resilience, cost_usd, p95_duration_ms, ...).
@@ -14,6 +16,20 @@ SPEC_VERSIONS_MAX = 100
 SPEC_RUNS = 20
 TREND_RUNS = 100  # runs per spec in the trends page
 BRANCHES_MAX = 50
+# Counts of rows that grow without bound (review items, a reviewer's grades) stop here and
+# show as "1,000+": counting 100,000 index entries costs more than the rest of the page.
+COUNT_CAP = 1000
+
+
+def capped_count(queryset: Any, cap: int = COUNT_CAP) -> int:
+    """The number of rows, exact up to `cap`; cap + 1 means "more than cap"."""
+    return int(queryset.order_by()[: cap + 1].count())
+
+
+def capped_text(count: int, cap: int = COUNT_CAP) -> str:
+    """A capped_count as people read it: "1,000+" past the cap, else the number."""
+    return f"{cap:,}+" if count > cap else str(count)
+
 
 # The run columns a run row in a table needs (verdict, scores, cost, latency).
 RUN_ROW_FIELDS = (

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Q
 
 from evaluations.models import AlertFiring, FiringStatus, Project, ReviewItem, ReviewStatus, Run
+from evaluations.selectors.bounds import capped_count, capped_text
 from evaluations.selectors.regression_report import regression_changes
 from evaluations.selectors.reviews import review_agreement
 
@@ -93,19 +94,15 @@ def digest_markdown(project: Project, *, end: datetime, base_url: str = "") -> s
             )
     else:
         lines.append("No completed run this week.")
-    backlog = (
-        ReviewItem.objects.filter(project=project)
-        .exclude(status=ReviewStatus.COMPLETE)
-        .aggregate(
-            open=Count("id"), adjudication=Count("id", filter=Q(status=ReviewStatus.ADJUDICATION))
-        )
-    )
+    # Capped like the queue's own counts: an exact count reads every pending item.
+    pending = ReviewItem.objects.filter(project=project).exclude(status=ReviewStatus.COMPLETE)
+    backlog = capped_text(capped_count(pending))
+    adjudication = capped_text(capped_count(pending.filter(status=ReviewStatus.ADJUDICATION)))
     lines += [
         "",
         "## Review",
         "",
-        f"- Backlog: {backlog['open']} open item(s), {backlog['adjudication']} of them"
-        " awaiting adjudication",
+        f"- Backlog: {backlog} open item(s), {adjudication} of them awaiting adjudication",
     ]
     for judge in review_agreement(project):
         kappa = judge.agreement.kappa

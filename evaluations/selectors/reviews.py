@@ -7,10 +7,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Q
+from django.db import connection
+from django.db.models import Count, Exists, F, OuterRef, Q, Sum
+from django.db.models.functions import Abs, Coalesce, Now, TruncDate
 from django.utils import timezone
 
-from evaluations.agreement import Pair, agreement, agreement_trend, cohen_kappa
+from evaluations.agreement import Pair, Tally, cohen_kappa, tally_trend
 from evaluations.models import (
     Artifact,
     CheckResult,
@@ -22,9 +24,12 @@ from evaluations.models import (
     ReviewVerdict,
     Spec,
 )
+from evaluations.selectors.bounds import capped_count
 from evaluations.selectors.executions import LLM_MESSAGES_SHOWN, message_line
+from evaluations.selectors.runs import RunCursor
 
-REVIEW_QUEUE_MAX = 100  # rows in the queue table
+REVIEW_QUEUE_MAX = 100  # items the API's queue list returns
+REVIEW_PAGE_ROWS = 50  # rows in a page of the queue table
 REVIEW_CHOICES_MAX = 100  # entries per filter drop-down
 TRACE_READ_MAX = 512 * 1024  # bytes of trace.json read for the transcript summary
 TOOL_CALLS_SHOWN = 50
@@ -107,26 +112,28 @@ def _optional_int(value: Any) -> int | None:
 
 
 def review_counts(project: Project, filters: ReviewFilters) -> dict[str, int]:
+    """Items per status, and open items someone holds a live claim on, each capped
+    (capped_count): every count reads at most COUNT_CAP + 1 entries of an index."""
     items = filters.apply(ReviewItem.objects.filter(project=project))
-    now = timezone.now()
-    counts = items.aggregate(
-        open=Count("id", filter=Q(status=ReviewStatus.OPEN)),
-        adjudication=Count("id", filter=Q(status=ReviewStatus.ADJUDICATION)),
-        complete=Count("id", filter=Q(status=ReviewStatus.COMPLETE)),
-        claimed=Count("id", filter=Q(status=ReviewStatus.OPEN, claim_expires__gt=now)),
+    counts = {status: capped_count(items.filter(status=status)) for status in ReviewStatus.values}
+    counts["claimed"] = capped_count(
+        items.filter(status=ReviewStatus.OPEN, claim_expires__gt=timezone.now())
     )
-    return {name: int(value or 0) for name, value in counts.items()}
+    return counts
 
 
 def review_progress(project: Project, user: Any, filters: ReviewFilters) -> dict[str, int]:
     """This reviewer's way through the queue: items they graded, and those graded plus those
-    still open for them (the total), under the queue's filters."""
+    still open for them (the total), under the queue's filters. Both capped
+    (capped_count)."""
     items = filters.apply(ReviewItem.objects.filter(project=project))
-    counts = items.aggregate(
-        graded=Count("id", filter=Q(verdicts__reviewer=user), distinct=True),
+    graded = capped_count(ReviewVerdict.objects.filter(reviewer=user, item__in=items.values("id")))
+    # An open item this reviewer graded waits for someone else's grade: not left for them.
+    left = capped_count(
+        items.filter(status=ReviewStatus.OPEN).exclude(
+            Exists(ReviewVerdict.objects.filter(item=OuterRef("pk"), reviewer=user))
+        )
     )
-    left = items.filter(status=ReviewStatus.OPEN).exclude(verdicts__reviewer=user).count()
-    graded = int(counts["graded"] or 0)
     return {"graded": graded, "total": graded + left}
 
 
@@ -144,41 +151,103 @@ def review_grades(project: Project, filters: ReviewFilters) -> Any:
     )
 
 
-def review_queue_items(
-    project: Project, filters: ReviewFilters, *, status: str, limit: int = REVIEW_QUEUE_MAX
-) -> list[Any]:
+@dataclass(frozen=True, slots=True)
+class ReviewPage:
+    items: list[Any]
+    next_cursor: RunCursor | None  # where the next page starts; None on the last page
+
+
+def review_queue_page(
+    project: Project,
+    filters: ReviewFilters,
+    *,
+    status: str,
+    after: RunCursor | None = None,
+    limit: int = REVIEW_PAGE_ROWS,
+) -> ReviewPage:
+    """One page of items of one status, oldest first (newest completed first), by keyset:
+    `after` is the (created or completed, id) of the previous page's last row, so every
+    page is a range of the (project, status, ...) indexes, never an OFFSET. Their verdict
+    counts come in one more query for these rows only."""
     items = filters.apply(ReviewItem.objects.filter(project=project, status=status))
-    order = ("-completed", "-id") if status == "complete" else ("created", "id")
-    return list(
-        items.select_related("spec", "claimed_by")
-        .annotate(verdict_count=Count("verdicts"))
-        .order_by(*order)[:limit]
+    done = status == ReviewStatus.COMPLETE
+    if after is not None:
+        if done:
+            items = items.filter(
+                Q(completed__lt=after.created) | Q(completed=after.created, id__lt=after.id)
+            )
+        else:
+            items = items.filter(
+                Q(created__gt=after.created) | Q(created=after.created, id__gt=after.id)
+            )
+    order = ("-completed", "-id") if done else ("created", "id")
+    rows = list(items.select_related("spec", "claimed_by").order_by(*order)[: limit + 1])
+    more, rows = len(rows) > limit, rows[:limit]
+    verdicts = dict(
+        ReviewVerdict.objects.filter(item__in=[row.pk for row in rows])
+        .order_by()
+        .values_list("item")
+        .annotate(count=Count("*"))
+    )
+    for row in rows:
+        row.verdict_count = verdicts.get(row.pk, 0)
+    last = rows[-1] if rows and more else None
+    when = None if last is None else (last.completed if done else last.created)
+    return ReviewPage(
+        items=rows,
+        next_cursor=None if last is None or when is None else RunCursor(created=when, id=last.pk),
     )
 
 
+def review_queue_items(
+    project: Project, filters: ReviewFilters, *, status: str, limit: int = REVIEW_QUEUE_MAX
+) -> list[Any]:
+    """The first page of review_queue_page."""
+    return review_queue_page(project, filters, status=status, limit=limit).items
+
+
 def review_filter_choices(project: Project) -> dict[str, list[Any]]:
-    """What the filter drop-downs offer: specs, recent runs and criteria that have items."""
+    """What the filter drop-downs offer: specs, recent runs and criteria that have items.
+    Each from an index: specs by EXISTS, runs newest first, criteria by a skip scan of
+    (project, invariant_id) that visits each distinct value once, not every item."""
     items = ReviewItem.objects.filter(project=project)
-    criteria: dict[str, str] = {}
-    for invariant_id, text in (
-        items.order_by("invariant_id")
-        .values_list("invariant_id", "criteria")
-        .distinct()[: REVIEW_CHOICES_MAX * 2]
-    ):
-        criteria.setdefault(invariant_id, text)
+    specs = (
+        Spec.objects.filter(project=project)
+        .filter(Exists(items.filter(spec=OuterRef("pk"))))
+        .order_by("slug")
+        .values_list("slug", flat=True)[:REVIEW_CHOICES_MAX]
+    )
     return {
-        "specs": list(
-            items.order_by("spec__slug")
-            .values_list("spec__slug", flat=True)
-            .distinct()[:REVIEW_CHOICES_MAX]
-        ),
+        "specs": list(specs),
         "runs": list(
             items.order_by("-run_id")
             .values_list("run_id", flat=True)
             .distinct()[:REVIEW_CHOICES_MAX]
         ),
-        "criteria": sorted(criteria.items())[:REVIEW_CHOICES_MAX],
+        "criteria": _review_criteria(project.pk),
     }
+
+
+def _review_criteria(project_id: int) -> list[tuple[str, str]]:
+    """(invariant id, its criteria text), the first REVIEW_CHOICES_MAX by invariant id."""
+    table = ReviewItem._meta.db_table
+    sql = f"""
+        WITH RECURSIVE invariant AS (
+            SELECT MIN(invariant_id) AS id FROM {table} WHERE project_id = %s
+            UNION ALL
+            SELECT (SELECT MIN(invariant_id) FROM {table}
+                    WHERE project_id = %s AND invariant_id > invariant.id)
+            FROM invariant WHERE invariant.id IS NOT NULL
+        )
+        SELECT invariant.id, (SELECT criteria FROM {table}
+                              WHERE project_id = %s AND invariant_id = invariant.id
+                              ORDER BY id LIMIT 1)
+        FROM invariant WHERE invariant.id IS NOT NULL
+        ORDER BY invariant.id LIMIT %s
+    """  # noqa: S608 (the table name comes from the model)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [project_id, project_id, project_id, REVIEW_CHOICES_MAX])
+        return [(str(invariant_id), str(criteria or "")) for invariant_id, criteria in cursor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +387,9 @@ class AgreementRow:
 
 def review_agreement(project: Project, *, spec: Spec | None = None) -> list[AgreementRow]:
     """Judge-human agreement per (judge model, criteria, prompt version), from completed
-    items whose judge gave a verdict, with a cumulative trend by day. One query."""
+    items whose judge gave a verdict, with a cumulative trend by day. One query: the
+    database counts each group's 2x2 table per day, so the rows read do not grow with the
+    items graded."""
     items = ReviewItem.objects.filter(
         project=project,
         status=ReviewStatus.COMPLETE,
@@ -327,35 +398,42 @@ def review_agreement(project: Project, *, spec: Spec | None = None) -> list[Agre
     ).exclude(judge_model="")
     if spec is not None:
         items = items.filter(spec=spec)
-    groups: dict[tuple[str, str, str], list[tuple[Any, Any]]] = defaultdict(list)
-    for row in items.order_by("completed", "id").values(
-        "judge_model",
-        "criteria",
-        "prompt_version",
-        "judge_passed",
-        "final_passed",
-        "judge_score",
-        "final_score",
-        "completed",
-    ):
-        pair = Pair(
-            judge_passed=bool(row["judge_passed"]),
-            human_passed=bool(row["final_passed"]),
-            judge_score=row["judge_score"],
-            human_score=row["final_score"],
+    scored = Q(judge_score__isnull=False, final_score__isnull=False)
+    rows = (
+        items.order_by()
+        .annotate(day=TruncDate(Coalesce("completed", Now())))
+        .values("judge_model", "criteria", "prompt_version", "day")
+        .annotate(
+            both_pass=Count("id", filter=Q(judge_passed=True, final_passed=True)),
+            both_fail=Count("id", filter=Q(judge_passed=False, final_passed=False)),
+            judge_only=Count("id", filter=Q(judge_passed=True, final_passed=False)),
+            human_only=Count("id", filter=Q(judge_passed=False, final_passed=True)),
+            absolute_error=Sum(Abs(F("judge_score") - F("final_score")), filter=scored),
+            scored=Count("id", filter=scored),
         )
-        key = (row["judge_model"], row["criteria"], row["prompt_version"])
-        completed = row["completed"] or timezone.now()
-        groups[key].append((timezone.localdate(completed), pair))
+    )
+    groups: dict[tuple[str, str, str], list[tuple[Any, Tally]]] = defaultdict(list)
+    for row in rows:
+        tally = Tally(
+            both_pass=row["both_pass"],
+            both_fail=row["both_fail"],
+            judge_pass_human_fail=row["judge_only"],
+            judge_fail_human_pass=row["human_only"],
+            absolute_error=float(row["absolute_error"] or 0.0),
+            scored=row["scored"],
+        )
+        groups[(row["judge_model"], row["criteria"], row["prompt_version"])].append(
+            (row["day"], tally)
+        )
     return [
         AgreementRow(
             judge_model=model,
             criteria=criteria,
             prompt_version=version,
-            agreement=agreement(pair for _, pair in dated),
-            trend=agreement_trend(dated),
+            agreement=sum((tally for _, tally in daily), Tally()).agreement(),
+            trend=tally_trend(daily),
         )
-        for (model, criteria, version), dated in sorted(groups.items())
+        for (model, criteria, version), daily in sorted(groups.items())
     ]
 
 

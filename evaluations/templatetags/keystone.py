@@ -10,7 +10,15 @@ from django.utils.html import escape
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
+from evaluations.selectors.bounds import capped_text
+
 register = template.Library()
+
+
+@register.filter
+def capped(value: int) -> str:
+    """A count from selectors.capped_count: "1,000+" past the cap, else the number."""
+    return capped_text(value)
 
 
 @register.filter

@@ -98,6 +98,13 @@ def queue(request: HttpRequest, project_slug: str) -> HttpResponse:
     status = request.GET.get("status") or ReviewStatus.OPEN
     if status not in QUEUE_STATUSES:
         status = ReviewStatus.OPEN
+    try:
+        after = (
+            selectors.RunCursor.decode(request.GET["after"]) if request.GET.get("after") else None
+        )
+    except ValueError:
+        after = None  # a mangled link starts at the first page
+    page = selectors.review_queue_page(access.project, filters, status=status, after=after)
     context = {
         "access": access,
         "filters": filters,
@@ -105,7 +112,14 @@ def queue(request: HttpRequest, project_slug: str) -> HttpResponse:
         "status": status,
         "statuses": [(s.value, s.label) for s in QUEUE_STATUSES],
         "counts": selectors.review_counts(access.project, filters),
-        "items": selectors.review_queue_items(access.project, filters, status=status),
+        "items": page.items,
+        "paged": after is not None,
+        "first_query": _query(filters, status=status),
+        "next_query": (
+            _query(filters, status=status, after=page.next_cursor.encode())
+            if page.next_cursor is not None
+            else ""
+        ),
         "choices": selectors.review_filter_choices(access.project),
     }
     template = page_or_region(request, "review/queue.html", "queue-region")

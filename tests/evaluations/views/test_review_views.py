@@ -4,6 +4,7 @@ for every role. Rows come from the real services on PostgreSQL."""
 from __future__ import annotations
 
 import csv as csv_module
+import html
 import io
 import json
 import re
@@ -13,7 +14,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from evaluations import services
@@ -593,3 +596,32 @@ def test_a_reviewer_undoes_the_last_grade_and_grades_again(
     # Someone who did not grade it has nothing to undo.
     other = login(member("reviewer")).post(url("review_item", first.pk), {"action": "undo"})
     assert other.status_code == 409 and "no grade on review item" in other.content.decode()
+
+
+def test_the_queue_pages_by_keyset_oldest_first(
+    two_projects: Any, member: Callable[..., Any]
+) -> None:
+    run = make_world(two_projects.mine, scores=tuple(0.5 for _ in range(60)))
+    client = login(member("viewer"))
+    first = client.get(url("review_queue")).content.decode()
+    found = re.search(r'href="([^"]*after=[^"]*)" rel="next"', first)
+    assert found is not None
+    with CaptureQueriesContext(connection) as queries:
+        second = client.get(url("review_queue") + html.unescape(found.group(1))).content.decode()
+
+    def shown(page: str) -> list[int]:
+        return [int(i) for i in re.findall(r">#(\d+)</a></td>", page)]
+
+    expected = [item.pk for item in items(run)]
+    assert shown(first) + shown(second) == expected
+    assert len(shown(first)) == 50 and 'rel="next"' not in second
+    assert not any("OFFSET" in q["sql"].upper() for q in queries)
+
+
+def test_counts_stop_at_the_cap_and_read_as_more_than_it(world: Run) -> None:
+    from evaluations.selectors.bounds import capped_count, capped_text
+
+    queued = ReviewItem.objects.filter(run=world)
+    assert queued.count() == 3
+    assert capped_count(queued, cap=5) == 3 and capped_text(3, cap=5) == "3"
+    assert capped_count(queued, cap=2) == 3 and capped_text(3, cap=2) == "2+"

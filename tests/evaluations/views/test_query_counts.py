@@ -1,0 +1,193 @@
+"""No page issues a query per row (issue 18): every page that lists rows is requested with N
+of everything it shows (runs, executions in a run, check results, versions, baselines,
+review items and verdicts, members, tokens, alert channels, rules and firings), then with
+3N, and must not issue one query more. A query per row would add at least 2N queries.
+
+The counts do not depend on the machine, so these are ordinary tests; bench/bench_pages.py
+measures the time of the same pages at 200,000 executions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from evaluations import services
+from evaluations.models import Execution, Project, ReviewItem, ReviewStatus, Run, SpecVersion
+from tests.evaluations.review_world import add_execution, add_judge, make_run
+from tests.evaluations.views.run_data import synthetic_run, synthetic_version
+
+pytestmark = pytest.mark.django_db
+
+N = 2
+
+
+@dataclass
+class Growing:
+    """The project `mine`, grown in steps: each step adds `n` of every kind of row."""
+
+    project: Project
+    admin: Any
+    member: Callable[..., Any]
+    version: SpecVersion | None = None
+    review_run: Run | None = None
+    subjects: list[Run] = field(default_factory=list)
+    size: int = 0
+
+    def grow(self, n: int) -> None:
+        self.size += n
+        project = self.project
+        if self.version is None:
+            self.version = synthetic_version(project)
+            self.review_run = make_run(project, review={"all": True})
+            channel = services.alert_channel_create(
+                project=project, name="ops", kind="email", target="ops@example.com"
+            )
+            # Fires for every run below: the settings page lists the firings.
+            services.alert_rule_create(
+                project=project, name="low", condition="pass_rate < 1", channel_ids=[channel.pk]
+            )
+        for _ in range(n):
+            index = next_index(self)
+            passing = synthetic_run(
+                self.version, failing_scenario="", labels={"branch": "main"}, branch="main"
+            )
+            services.baseline_promote(run_id=passing.pk, user=self.admin, reason=f"step {index}")
+            failing = synthetic_run(self.version, labels={"branch": "main"}, branch="main")
+            for run in (passing, failing):
+                services.alerts_evaluate(run_id=run.pk)
+            services.spec_version_create(
+                project=project,
+                source_yaml=self.version.source_yaml.replace("Polite", f"Polite {index}"),
+            )
+            self.member("viewer")
+            services.token_issue(project=project, user=self.admin, name=f"token {index}")
+            services.alert_channel_create(
+                project=project, name=f"ops {index}", kind="email", target="ops@example.com"
+            )
+            services.alert_rule_create(
+                project=project, name=f"rule {index}", condition="resilience < 0.1"
+            )
+        self._grow_reviews(n)
+        # The run, cell, compare and execution pages show one run: a newer, bigger one
+        # (its executions grow with the size), compared with the one before it.
+        for _ in range(2):
+            self.subjects.append(synthetic_run(self.version, replicas=2 * self.size))
+
+    def _grow_reviews(self, n: int) -> None:
+        """n review items (judge results), one of them graded by the admin."""
+        assert self.review_run is not None
+        start = Execution.objects.filter(run=self.review_run).count()
+        for replica in range(start, start + n):
+            execution = add_execution(self.review_run, replica)
+            add_judge(execution, score=0.3 + replica / 100)
+        # Finalizing scores the run and queues its judge results (review: all).
+        services.run_finalize(run_id=self.review_run.pk)
+        item = (
+            ReviewItem.objects.filter(run=self.review_run, status=ReviewStatus.OPEN)
+            .order_by("-id")
+            .first()
+        )
+        assert item is not None
+        services.review_claim(item_id=item.pk, user=self.admin)
+        services.review_submit(item_id=item.pk, user=self.admin, passed=True, score=1.0)
+
+    def urls(self) -> dict[str, str]:
+        slug = self.project.slug
+        assert self.version is not None
+        spec = self.version.spec.slug
+        before, after = self.subjects[-2:]
+        execution = Execution.objects.filter(run=after).order_by("id").first()
+        items = ReviewItem.objects.filter(project=self.project).order_by("created", "id")
+        open_item = items.filter(status=ReviewStatus.OPEN).first()
+        done_item = items.filter(status=ReviewStatus.COMPLETE).first()
+        assert execution is not None and open_item is not None and done_item is not None
+        return {
+            "project list": reverse("project_list"),
+            "overview": reverse("overview", args=[slug]),
+            "spec list": reverse("spec_list", args=[slug]),
+            "spec detail": reverse("spec_detail", args=[slug, spec]),
+            "spec edit": reverse("spec_edit", args=[slug, spec]),
+            "spec new": reverse("spec_new", args=[slug]),
+            "spec diff": reverse("spec_diff", args=[slug, spec]),
+            "spec trends": reverse("spec_trends", args=[slug, spec]),
+            "spec baselines": reverse("spec_baselines", args=[slug, spec]),
+            "regressions": reverse("regressions", args=[slug]),
+            "run list": reverse("run_list", args=[slug]),
+            "run detail": reverse("run_detail", args=[slug, after.pk]),
+            "run cell": reverse("run_cell", args=[slug, after.pk])
+            + "?scenario=tool-outage&invariant=cites",
+            "compare (baseline)": reverse("run_compare", args=[slug, after.pk]),
+            "compare (two runs)": reverse("run_compare", args=[slug, after.pk])
+            + f"?against={before.pk}",
+            "execution detail": reverse("execution_detail", args=[slug, execution.pk]),
+            "review queue": reverse("review_queue", args=[slug]),
+            "review queue (complete)": reverse("review_queue", args=[slug]) + "?status=complete",
+            "review item (open)": reverse("review_item", args=[slug, open_item.pk]),
+            "review item (complete)": reverse("review_item", args=[slug, done_item.pk]),
+            "review agreement": reverse("review_agreement", args=[slug]),
+            "members": reverse("members", args=[slug]),
+            "settings": reverse("project_settings", args=[slug]),
+            "settings: digest": reverse("project_digest_preview", args=[slug]),
+        }
+
+
+def next_index(growing: Growing) -> int:
+    return Run.objects.filter(project=growing.project).count()
+
+
+def query_counts(client: Client, urls: dict[str, str]) -> dict[str, int]:
+    counts = {}
+    for name, url in urls.items():
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(url)
+        assert response.status_code == 200, f"{name}: HTTP {response.status_code} for {url}"
+        counts[name] = len(queries)
+    return counts
+
+
+@pytest.fixture
+def growing(two_projects: Any, member: Callable[..., Any]) -> Growing:
+    return Growing(project=two_projects.mine, admin=member("admin"), member=member)
+
+
+def test_every_page_is_measured() -> None:
+    """A page added to evaluations/urls.py is added here too (downloads are not pages)."""
+    from evaluations.urls import urlpatterns
+
+    downloads_and_actions = {
+        "home", "spec_validate", "spec_run", "spec_version_download", "spec_baseline_rollback",
+        "run_compare_pick", "run_cancel", "run_rerun_failed", "run_baseline", "run_export",
+        "artifact_download", "review_export", "review_send", "project_tokens", "project_alerts",
+    }  # fmt: skip
+    measured = {
+        "project_list", "overview", "spec_list", "spec_detail", "spec_edit", "spec_new",
+        "spec_diff", "spec_trends", "spec_baselines", "regressions", "run_list", "run_detail",
+        "run_cell", "run_compare", "execution_detail", "review_queue", "review_item",
+        "review_agreement", "members", "project_settings", "project_digest_preview",
+    }  # fmt: skip
+    assert {p.name for p in urlpatterns} == measured | downloads_and_actions
+
+
+def test_no_page_issues_more_queries_with_three_times_the_rows(
+    growing: Growing, django_assert_max_num_queries: Any
+) -> None:
+    client = Client()
+    client.force_login(growing.admin)
+    growing.grow(N)
+    few = query_counts(client, growing.urls())
+
+    growing.grow(2 * N)
+    urls = growing.urls()
+    assert ReviewItem.objects.filter(project=growing.project).count() == 3 * N
+    assert growing.subjects[-1].execution_count == 3 * growing.subjects[0].execution_count
+    for name, url in urls.items():
+        with django_assert_max_num_queries(few[name], info=name):
+            response = client.get(url)
+        assert response.status_code == 200, name
