@@ -104,9 +104,31 @@ def test_a_connection_to_a_trap_is_recorded_by_the_sandbox(tmp_path: Path) -> No
         "python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', 11211), 3); "
         "print('closed' if s.recv(10) == b'' else 'data')\""
     )
-    result = BwrapSandbox().run(command, workspace=tmp_path, env={}, timeout=30)
+    # Traps live in the relay of an execution that has endpoints: declare one (unused).
+    service = socket.socket()
+    service.bind(("127.0.0.1", 0))
+    service.listen()
+    endpoint = Endpoint("127.0.0.1", service.getsockname()[1])
+    try:
+        result = BwrapSandbox().run(
+            command, workspace=tmp_path, env={}, timeout=30, egress=[endpoint]
+        )
+    finally:
+        service.close()
     assert result.stdout.strip() == "closed", result.stderr
     assert [(a["host"], a["port"]) for a in result.refused_connections] == [("localhost", 11211)]
     events = audit_events(RunArtifact(refused_connections=result.refused_connections), "agent")
     refused = [e for e in events if e["type"] == "connection_refused"]
     assert refused[0]["details"] == {"host": "localhost", "port": 11211}
+
+
+@needs_bwrap
+def test_an_execution_without_endpoints_starts_no_relay(tmp_path: Path) -> None:
+    """No endpoint, no relay and so no trap (docs/security.md): the kernel refuses."""
+    command = (
+        "python3 -c \"import socket\ntry: socket.create_connection(('127.0.0.1', 11211), 3)"
+        "\nexcept OSError as exc: print('refused', type(exc).__name__)\""
+    )
+    result = BwrapSandbox().run(command, workspace=tmp_path, env={}, timeout=30)
+    assert result.stdout.strip() == "refused ConnectionRefusedError", result.stderr
+    assert result.refused_connections == []
