@@ -315,6 +315,10 @@ def run_rerun_failed(
 
 
 def run_warning_add(*, run_id: int, warning: str) -> None:
+    # Most calls repeat a warning the run has (every execution of it meets the same sandbox):
+    # a plain read first spares them a write transaction, which SQLite serialises.
+    if warning in Run.objects.values_list("warnings", flat=True).get(pk=run_id):
+        return
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         if warning not in run.warnings:
