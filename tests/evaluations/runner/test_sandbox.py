@@ -21,6 +21,7 @@ from evaluations.runner.sandbox import (
     LocalSandbox,
     Sandbox,
     bwrap_available,
+    disk_usage,
     select_backend,
 )
 
@@ -549,6 +550,20 @@ def test_docker_applies_cpu_and_memory_limits(
     lines = result.stdout.split()
     assert str(128 * 1024 * 1024) in lines
     assert "50000" in lines
+
+
+def test_docker_kills_a_container_that_fills_its_workspace(
+    docker_sandbox: DockerSandbox, workspace: Path
+) -> None:
+    """Issue 13 (disk): the workspace is a bind mount, which `--storage-opt` does not limit;
+    the same watch as under bubblewrap kills the container once it holds more than disk_mb."""
+    fill = "i=0; while true; do head -c 1048576 /dev/zero > fill-$i || exit 9; i=$((i+1)); done"
+    result = docker_sandbox.run(
+        fill, workspace=workspace, env={}, timeout=60, disk_mb=20, network="none"
+    )
+    assert result.limit_exceeded is not None, result.stdout + result.stderr
+    assert result.limit_exceeded.startswith("disk limit 20 MB exceeded")
+    assert disk_usage(workspace) < 170 * 1024 * 1024
 
 
 def test_docker_network_none_leaves_only_loopback(
