@@ -209,9 +209,13 @@ def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
         try:
             for done, future in enumerate(as_completed(futures), start=1):
                 progress.step(done, total, future.result())
-        except BaseException:
+        except BaseException as exc:
             for future in futures:  # Ctrl-C or an error: start nothing more
                 future.cancel()
+            if isinstance(exc, KeyboardInterrupt):
+                # Cancelled, the running executions' sandboxes are stopped by their lease
+                # watchers, so leaving the pool does not wait for their agents to finish.
+                services.run_cancel(run_id=run_id)
             raise
     services.run_finalize_if_done(run_id=run_id)
     progress.finish()

@@ -5,6 +5,7 @@ embedded SQLite default as on PostgreSQL (issue 18)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sqlite3
@@ -104,3 +105,46 @@ def test_the_embedded_workers_pollers_share_a_run_each_execution_once(project: o
     # More than one poller took executions: they ran side by side, not one after another.
     assert len({e.claimed_by for e in executions}) >= 2
     assert CheckResult.objects.filter(run=run).count() == 6
+
+
+def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(tmp_path: Path) -> None:
+    import signal
+
+    home = tmp_path / "home"
+    spec = tmp_path / "slow.yaml"
+    spec.write_text(SPEC.replace("sleep 0.4", "sleep 120").replace("timeout: 30", "timeout: 300"))
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE"}
+    }
+    env["KEYSTONE_HOME"] = str(home)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--jobs", "2"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    database = home / "keystone.sqlite3"
+    deadline = time.monotonic() + 60
+    running = 0
+    while running < 2:  # both threads are inside an agent
+        assert time.monotonic() < deadline, "the executions never started"
+        time.sleep(0.2)
+        if database.exists():
+            with sqlite3.connect(database) as db, contextlib.suppress(sqlite3.OperationalError):
+                running = db.execute(  # no such table yet while the schema is made
+                    "SELECT COUNT(*) FROM evaluations_execution WHERE status = 'running'"
+                ).fetchone()[0]
+    process.send_signal(signal.SIGINT)
+    # Far less than the agents' 120 s: the interrupt does not wait for them.
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 4 and "interrupted" in err, err
+    with sqlite3.connect(database) as db:
+        status = db.execute("SELECT status FROM evaluations_run").fetchone()[0]
+        left = db.execute(
+            "SELECT COUNT(*) FROM evaluations_execution WHERE status IN ('pending', 'running')"
+        ).fetchone()[0]
+    assert status == "cancelled" and left == 0
