@@ -186,5 +186,8 @@ def test_the_embedded_worker_runs_the_digest_job(project: Project, settings: Any
 def test_the_beat_schedule_asks_for_digests(settings: Any) -> None:
     from keystone_web.celery import app
 
+    # What a worker does at start-up: import the apps' task modules (autodiscovery). Nothing
+    # else registers them: a process imports them only when it first hands work on.
+    app.loader.import_default_modules()
     entry = settings.CELERY_BEAT_SCHEDULE["weekly-digest"]
     assert entry["task"] in app.tasks
