@@ -468,10 +468,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from evaluations.embedded_worker import start_pollers
 
         settings.KEYSTONE_EMBEDDED_WORKER = True
-        start_pollers(stop, default_jobs())
+        jobs = default_jobs()
+        start_pollers(stop, jobs)
         print(
             f"keystone serve: embedded worker started (no broker configured; "
-            f"{default_jobs()} executions at a time)"
+            f"{jobs} executions at a time)"
         )
     # SIGTERM ends the server like Ctrl-C, through the exit handlers: the agents and the
     # throwaway PostgreSQL cluster this process started are stopped, not left running.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import REPO_ROOT, embedded_env, run_keystone
+
 # The `keystone run` tests run a subprocess on a real SQLite file (the embedded default) in
 # both passes. The pollers' test runs in this process, on the test database: on PostgreSQL
 # only, since the SQLite pass's test database is in memory with a shared cache, where a
@@ -25,7 +26,6 @@ import pytest
 # it does on the file the embedded default uses.
 pytestmark = [pytest.mark.slow]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Six executions of an agent that takes a moment, so executions that run at once overlap.
 SPEC = """\
@@ -44,20 +44,7 @@ def _run(tmp_path: Path, jobs: int) -> list[tuple[datetime, datetime, int]]:
     home = tmp_path / f"home-{jobs}"
     spec = tmp_path / "jobs.yaml"
     spec.write_text(SPEC)
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE"}
-    }
-    env["KEYSTONE_HOME"] = str(home)
-    result = subprocess.run(
-        [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--jobs", str(jobs)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_keystone("run", str(spec), "--jobs", str(jobs), env=embedded_env(home))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "execution 6/6" in result.stdout
     with sqlite3.connect(home / "keystone.sqlite3") as db:
@@ -120,16 +107,10 @@ def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(tmp_path:
     home = tmp_path / "home"
     spec = tmp_path / "slow.yaml"
     spec.write_text(SPEC.replace("sleep 0.4", "sleep 120").replace("timeout: 30", "timeout: 300"))
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE"}
-    }
-    env["KEYSTONE_HOME"] = str(home)
     process = subprocess.Popen(
         [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--jobs", "2"],
         cwd=REPO_ROOT,
-        env=env,
+        env=embedded_env(home),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
