@@ -174,11 +174,12 @@ def _default_timeout(run_id: int) -> float:
 
 
 def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
-    """Execute the run's executions here, `jobs` at a time. Threads are enough: an execution
-    mostly waits on its sandbox's processes and on HTTP, and each thread has its own database
-    connection (SQLite takes writers one at a time; see settings). Each execution is claimed
-    before it runs, as on the workers, so no two threads ever run the same one."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
+    """Execute the run's executions here, `jobs` threads at a time. Threads are enough: an
+    execution mostly waits on its sandbox's processes and on HTTP. Each thread keeps its own
+    database connection for all the executions it takes (SQLite takes writers one at a time;
+    see settings) and closes it when it ends. Each execution is claimed before it runs, as on
+    the workers, so no two threads ever run the same one."""
+    import queue
 
     from django.db import connections
 
@@ -186,37 +187,61 @@ def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
     from evaluations.models import Execution
 
     worker = f"cli:{os.getpid()}"
+    execution_ids = services.run_plan(run_id=run_id)
+    total = len(execution_ids)
+    todo = iter(execution_ids)
+    todo_lock = threading.Lock()
+    stopping = threading.Event()
+    finished: queue.SimpleQueue[Execution | BaseException] = queue.SimpleQueue()
 
-    def execute(execution_id: int) -> Execution:
+    def next_id() -> int | None:
+        with todo_lock:
+            return None if stopping.is_set() else next(todo, None)
+
+    def execute_until_done() -> None:
         try:
-            services.execution_execute(execution_id=execution_id, worker=worker)
-            return Execution.objects.only(
-                "scenario",
-                "prompt_index",
-                "replica",
-                "status",
-                "passed",
-                "pillar",
-                "mutation_type",
-            ).get(pk=execution_id)
+            while (execution_id := next_id()) is not None:
+                try:
+                    services.execution_execute(execution_id=execution_id, worker=worker)
+                    finished.put(
+                        Execution.objects.only(
+                            "scenario",
+                            "prompt_index",
+                            "replica",
+                            "status",
+                            "passed",
+                            "pillar",
+                            "mutation_type",
+                        ).get(pk=execution_id)
+                    )
+                except BaseException as exc:  # handed to the main thread, which raises it
+                    finished.put(exc)
+                    return
         finally:
             connections.close_all()  # this thread's connections only
 
-    execution_ids = services.run_plan(run_id=run_id)
-    total = len(execution_ids)
-    with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="execution") as pool:
-        futures = [pool.submit(execute, execution_id) for execution_id in execution_ids]
-        try:
-            for done, future in enumerate(as_completed(futures), start=1):
-                progress.step(done, total, future.result())
-        except BaseException as exc:
-            for future in futures:  # Ctrl-C or an error: start nothing more
-                future.cancel()
-            if isinstance(exc, KeyboardInterrupt):
-                # Cancelled, the running executions' sandboxes are stopped by their lease
-                # watchers, so leaving the pool does not wait for their agents to finish.
-                services.run_cancel(run_id=run_id)
-            raise
+    threads = [
+        threading.Thread(target=execute_until_done, name=f"execution-{index}")
+        for index in range(max(1, min(jobs, total)))
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for done in range(1, total + 1):
+            outcome = finished.get()
+            if isinstance(outcome, BaseException):
+                raise outcome
+            progress.step(done, total, outcome)
+    except BaseException as exc:
+        stopping.set()  # Ctrl-C or an error: start nothing more
+        if isinstance(exc, KeyboardInterrupt):
+            # Cancelled, the running executions' sandboxes are stopped by their lease
+            # watchers, so the threads end without waiting for their agents to finish.
+            services.run_cancel(run_id=run_id)
+        raise
+    finally:
+        for thread in threads:
+            thread.join()
     services.run_finalize_if_done(run_id=run_id)
     progress.finish()
 

@@ -242,7 +242,7 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
         )
         return True
     try:
-        execution_record(execution_id=execution_id, worker=worker, outcome=outcome, spec=spec)
+        execution_record(execution=execution, worker=worker, outcome=outcome, spec=spec)
     except OSError as exc:  # a full disk: the execution ends now, not when its lease expires
         logger.exception("results of execution %s could not be stored", execution_id)
         execution_record_error(

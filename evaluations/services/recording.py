@@ -34,62 +34,68 @@ from evaluations.models import (
 from evaluations.services.runs import run_warning_add
 
 
-def execution_record(*, execution_id: int, worker: str, outcome: Any, spec: EngineSpec) -> None:
-    """Write an execution's results exactly once: only the worker holding the claim writes,
-    and the unique constraints refuse a second set of results."""
+def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: EngineSpec) -> None:
+    """Write an execution's results exactly once: only the worker holding the claim writes
+    (a conditional UPDATE, in the same transaction as the results), and the unique
+    constraints refuse a second set of results. Everything that needs no row is computed,
+    and the artifact files written, before the transaction: SQLite has one writer at a time."""
     artifact = outcome.artifact
     status = artifact.status
     if status == "success" and any(r.failure_code in ERROR_CODES for r in outcome.results):
         status = ExecutionStatus.ERROR
-    with transaction.atomic():
-        execution = (
-            Execution.objects.select_for_update()
-            .filter(pk=execution_id, claimed_by=worker, status=ExecutionStatus.RUNNING)
-            .first()
-        )
-        if execution is None:
-            return  # another worker took over after our lease expired, and owns the results
-        record = ExecutionRecord.from_artifact(
-            artifact,
-            outcome.results,
-            id=str(execution.pk),
-            scenario=execution.scenario,
-            forbidden_violations=outcome.forbidden_violations,
-        )
-        score = score_execution(record, pass_threshold=spec.scoring.pass_threshold)
-        try:
-            with transaction.atomic():
-                CheckResult.objects.bulk_create(
-                    [
-                        CheckResult.from_engine(_storable_result(r), execution=execution)
-                        for r in outcome.results
-                    ]
-                )
-        except IntegrityError:
-            return
-        _store_artifacts(execution, artifact)
-        cap = settings.KEYSTONE_FINAL_OUTPUT_MAX_CHARS
-        execution.status = status
-        execution.composite = score.composite
-        execution.passed = score.passed
-        execution.finished = timezone.now()
-        execution.duration_ms = artifact.duration_ms
-        execution.agent_cpu_ms = outcome.agent_cpu_ms
-        execution.cost_usd = artifact.cost_usd
-        execution.input_tokens = artifact.input_tokens
-        execution.output_tokens = artifact.output_tokens
-        execution.tool_call_count = len(artifact.all_tool_calls())
-        execution.tool_error_count = len(artifact.failed_tool_calls())
-        execution.final_output = _storable(artifact.final_output[:cap])
-        execution.tool_sequence = _storable(tool_sequence(artifact))
-        execution.error = _storable(artifact.error or "")
-        execution.forbidden_violations = outcome.forbidden_violations
-        execution.lease_expires = None
-        execution.save()
-        for warning in outcome.warnings:
-            if warning:
-                run_warning_add(run_id=execution.run_id, warning=warning)
-        _count_done(execution.run_id)
+    record = ExecutionRecord.from_artifact(
+        artifact,
+        outcome.results,
+        id=str(execution.pk),
+        scenario=execution.scenario,
+        forbidden_violations=outcome.forbidden_violations,
+    )
+    score = score_execution(record, pass_threshold=spec.scoring.pass_threshold)
+    results = [
+        CheckResult.from_engine(_storable_result(r), execution=execution) for r in outcome.results
+    ]
+    cap = settings.KEYSTONE_FINAL_OUTPUT_MAX_CHARS
+    fields = {
+        "status": status,
+        "composite": score.composite,
+        "passed": score.passed,
+        "finished": timezone.now(),
+        "duration_ms": artifact.duration_ms,
+        "agent_cpu_ms": outcome.agent_cpu_ms,
+        "cost_usd": artifact.cost_usd,
+        "input_tokens": artifact.input_tokens,
+        "output_tokens": artifact.output_tokens,
+        "tool_call_count": len(artifact.all_tool_calls()),
+        "tool_error_count": len(artifact.failed_tool_calls()),
+        "final_output": _storable(artifact.final_output[:cap]),
+        "tool_sequence": _storable(tool_sequence(artifact)),
+        "error": _storable(artifact.error or ""),
+        "forbidden_violations": outcome.forbidden_violations,
+        "lease_expires": None,
+    }
+    artifacts = _write_artifact_files(execution, artifact)
+    try:
+        with transaction.atomic():
+            owned = Execution.objects.filter(
+                pk=execution.pk, claimed_by=worker, status=ExecutionStatus.RUNNING
+            ).update(**fields)
+            if owned:
+                CheckResult.objects.bulk_create(results)
+                Artifact.objects.bulk_create(artifacts)
+                _count_done(execution.run_id)
+    except IntegrityError:  # results of this execution were stored already
+        owned = 0
+    except BaseException:
+        _delete_files(artifacts)
+        raise
+    if not owned:  # another worker took over after our lease expired, and owns the results
+        _delete_files(artifacts)
+        return
+    for warning in outcome.warnings:
+        # Every execution of a run usually meets the same warnings: the run read at the
+        # start of this execution spares a query for each one it already carries.
+        if warning and warning not in execution.run.warnings:
+            run_warning_add(run_id=execution.run_id, warning=warning)
 
 
 TOOL_SEQUENCE_MAX_CALLS = 200
@@ -154,10 +160,10 @@ def _count_done(run_id: int) -> None:
 _EMPTY_TRACE = '{"llm_calls": [], "tool_calls": []}'
 
 
-def _store_artifacts(execution: Execution, artifact: Any) -> None:
-    """Large blobs go to Django storage; the rows keep only their names, sizes and hashes.
-    Every file is written before any row, and a failure (a full disk) deletes the files this
-    call wrote before it raises: nothing is left half-stored, no file without its row."""
+def _write_artifact_files(execution: Execution, artifact: Any) -> list[Artifact]:
+    """Large blobs go to Django storage; the rows (returned, for the caller to insert with
+    the results) keep only their names, sizes and hashes. A failure (a full disk) deletes
+    the files this call wrote before it raises: nothing is left half-stored."""
     # stdout and stderr are stored once, in their own files, not again in artifact.json.
     summary = {k: v for k, v in artifact.to_dict().items() if k not in ("stdout", "stderr")}
     blobs: dict[str, tuple[str, str]] = {
@@ -195,7 +201,13 @@ def _store_artifacts(execution: Execution, artifact: Any) -> None:
             with contextlib.suppress(OSError):
                 default_storage.delete(path)
         raise
-    Artifact.objects.bulk_create(rows)
+    return rows
+
+
+def _delete_files(rows: list[Artifact]) -> None:
+    for row in rows:
+        with contextlib.suppress(OSError):
+            default_storage.delete(row.file.name)
 
 
 def execution_orphan_files_remove(*, execution_id: int) -> list[str]:
