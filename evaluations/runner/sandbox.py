@@ -286,38 +286,38 @@ def disk_usage(root: Path) -> int:
 
 
 class DiskWatch:
-    """Measures the workspace on a thread while a command runs and calls `kill` once it holds
-    more than `limit_mb`: RLIMIT_FSIZE bounds one file, this bounds all of them together.
+    """Measures the workspace while a command runs and calls `kill` once it holds more than
+    `limit_mb`: RLIMIT_FSIZE bounds one file, this bounds all of them together.
 
-    The interval adapts to what a measurement costs (ten times it, at least 50 ms), so a
-    workspace of many files is not walked without pause; a fast writer can therefore go past
-    the limit by what it writes in one interval before it is killed."""
+    One thread (`_DiskWatcher`) measures every watched workspace of the process in turn,
+    instead of a thread per command: most commands end before their first measurement, and
+    starting and joining a thread for each cost more than the command's own bookkeeping.
+    Each workspace's interval adapts to what measuring it costs (ten times it, at least
+    50 ms), so a workspace of many files is not walked without pause; a fast writer can
+    therefore go past the limit by what it writes in one interval before it is killed."""
 
     def __init__(self, workspace: Path, limit_mb: int | None, kill: Callable[[], object]) -> None:
         self.workspace = workspace
         self.limit_mb = limit_mb
         self.kill = kill
         self.exceeded = False
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.next_check = 0.0
+        self.interval = _DISK_INTERVAL
 
     def __enter__(self) -> DiskWatch:
         if self.limit_mb is not None:
-            self._thread = threading.Thread(target=self._watch, daemon=True)
-            self._thread.start()
+            self.next_check = time.monotonic() + self.interval
+            _DISK_WATCHER.add(self)
         return self
 
-    def _watch(self) -> None:
+    def over_limit(self) -> bool:
+        """Measure now (on the watcher's thread), and say when the next measurement is due."""
         assert self.limit_mb is not None
-        limit = self.limit_mb * 1024 * 1024
-        interval = 0.05
-        while not self._stopped.wait(interval):
-            began = time.perf_counter()
-            if disk_usage(self.workspace) > limit:
-                self.exceeded = True
-                self.kill()
-                return
-            interval = max(0.05, 10 * (time.perf_counter() - began))
+        began = time.perf_counter()
+        over = disk_usage(self.workspace) > self.limit_mb * 1024 * 1024
+        self.interval = max(_DISK_INTERVAL, 10 * (time.perf_counter() - began))
+        self.next_check = time.monotonic() + self.interval
+        return over
 
     @property
     def message(self) -> str | None:
@@ -329,9 +329,56 @@ class DiskWatch:
         )
 
     def __exit__(self, *exc: object) -> None:
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self.limit_mb is not None:
+            _DISK_WATCHER.remove(self)
+
+
+_DISK_INTERVAL = 0.05
+
+
+class _DiskWatcher:
+    """The thread that measures every DiskWatch of this process when it is due. It starts
+    with the first watch and sleeps while there is none."""
+
+    def __init__(self) -> None:
+        self._watches: set[DiskWatch] = set()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, watch: DiskWatch) -> None:
+        with self._changed:
+            self._watches.add(watch)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, daemon=True, name="keystone-disk-watch"
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def remove(self, watch: DiskWatch) -> None:
+        # `kill` is called under the same lock: once this returns, it is never called for a
+        # command that has ended (its pid or container may belong to another by then).
+        with self._changed:
+            self._watches.discard(watch)
+
+    def _loop(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [w for w in self._watches if w.next_check <= now and not w.exceeded]
+                if not due:
+                    soonest = min((w.next_check for w in self._watches), default=None)
+                    self._changed.wait(None if soonest is None else soonest - now)
+                    continue
+            for watch in due:  # measured without the lock: commands start and end meanwhile
+                over = watch.over_limit()
+                with self._changed:
+                    if over and watch in self._watches:
+                        watch.exceeded = True
+                        watch.kill()
+
+
+_DISK_WATCHER = _DiskWatcher()
 
 
 # --------------------------------------------------------------------------- local processes
