@@ -25,8 +25,9 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
-# Writes its own PID into every cgroup.procs given, then execs the rest of its arguments.
-_JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+# Writes its own PID into every cgroup.procs given, runs what the caller adds (%s), then
+# execs the rest of its arguments.
+_JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; %s exec "$@"'
 
 
 LIMITED = ("pids", "memory")
@@ -184,12 +185,15 @@ class CommandCgroup:
             raise
         return self
 
-    def wrap(self, argv: list[str]) -> list[str]:
-        """`argv`, started inside the group."""
-        if not self.paths:
-            return argv
+    def wrap(self, argv: list[str], *, then: str = "") -> list[str]:
+        """`argv`, started inside the group by a shell that runs the shell commands `then`
+        once it is in the group, joined to its `exec` of `argv` (`"ulimit -f 8 && "`: a
+        failing command keeps `argv` from starting)."""
         procs = [str(path / "cgroup.procs") for path in self.paths]
-        return ["/bin/sh", "-c", _JOIN, "keystone-cgroup", str(len(procs)), *procs, *argv]
+        if not procs and not then:
+            return argv
+        join = _JOIN % then
+        return ["/bin/sh", "-c", join, "keystone-cgroup", str(len(procs)), *procs, *argv]
 
     def pids_hit_limit(self) -> bool:
         """Whether the command was refused a process because of the ceiling."""
