@@ -146,15 +146,14 @@ def execution_record_error(*, execution_id: int, worker: str, error: str) -> Non
 
 
 def _count_done(run_id: int) -> None:
-    """Count one more finished execution; the last one hands the run to run_finalize."""
+    """Count one more finished execution; the last one hands the run to run_finalize. Two
+    UPDATEs, no read: the second moves the run on only when the count reached the plan."""
     Run.objects.filter(pk=run_id).update(executions_done=F("executions_done") + 1)
-    run = Run.objects.only("executions_done", "execution_count", "status").get(pk=run_id)
-    if run.executions_done >= run.execution_count and run.status == RunStatus.RUNNING:
-        claimed = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
-            status=RunStatus.FINALIZING
-        )
-        if claimed:
-            queue.run_finalize_later(run_id)
+    last = Run.objects.filter(
+        pk=run_id, status=RunStatus.RUNNING, executions_done__gte=F("execution_count")
+    ).update(status=RunStatus.FINALIZING)
+    if last:
+        queue.run_finalize_later(run_id)
 
 
 _EMPTY_TRACE = '{"llm_calls": [], "tool_calls": []}'
