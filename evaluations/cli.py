@@ -14,10 +14,14 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_SPEC_INVALID
-from checks.report_model import SUMMARY_METRICS, RunSummary, format_metric
+from checks.metrics import SUMMARY_METRICS, format_metric
 from evaluations.terminal import use_color
+
+if TYPE_CHECKING:
+    from checks.report_model import RunSummary
 
 Handler = Callable[[argparse.Namespace], int]
 
