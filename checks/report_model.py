@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from checks.metrics import PILLAR_METRICS
 from checks.results import CheckResult
 
 if TYPE_CHECKING:
@@ -226,29 +227,6 @@ class RunMetrics:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-PILLAR_METRICS = ("contract", "chaos", "mutation", "replay")
-# The single figures `keystone score --metric` prints; resilience is 0-100, as Flakestorm's.
-SUMMARY_METRICS = (
-    "resilience",
-    "overall",
-    "pass_rate",
-    *PILLAR_METRICS,
-    "judge_mean",
-    "cost_usd",
-    "p95_duration_ms",
-)
-
-
-def format_metric(name: str, value: float) -> str:
-    if name == "resilience":
-        return f"{value:.1f}"
-    if name == "cost_usd":
-        return f"{value:.6f}"
-    if name == "p95_duration_ms":
-        return f"{value:.0f}"
-    return f"{value:.3f}"
 
 
 @dataclass(slots=True)

@@ -43,16 +43,6 @@ class RemoteError(Exception):
         self.exit_code = exit_code
 
 
-def remote_target(args: argparse.Namespace) -> tuple[str, str] | None:
-    """(base URL, token) when the run is remote: --remote/--token or KEYSTONE_URL and
-    KEYSTONE_TOKEN; None for a local run."""
-    url = getattr(args, "remote", None) or os.environ.get("KEYSTONE_URL", "")
-    if not url:
-        return None
-    token = getattr(args, "token", None) or os.environ.get("KEYSTONE_TOKEN", "")
-    return url.rstrip("/").removesuffix("/api"), token
-
-
 class Client:
     """The few API calls `keystone run --remote` makes, with the API's error shape read
     into one message."""

@@ -11,11 +11,13 @@ is one; a spec's errors are all listed in `details` with their line and column.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
-from ninja import NinjaAPI
+from django.shortcuts import render
+from ninja import NinjaAPI, Swagger
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 
 from checks.spec import SpecValidationError
@@ -66,8 +68,28 @@ class KeystoneAPI(NinjaAPI):
         return schema
 
 
+class Docs(Swagger):
+    """Swagger UI from this server's static files, never a CDN, so /api/docs works offline.
+
+    ninja serves its local page only when "ninja" is in INSTALLED_APPS, which would make
+    django.setup() import ninja for every CLI command; its templates and static files are
+    on the template and static paths instead (settings), and this renders them."""
+
+    def render_page(self, request: HttpRequest, api: NinjaAPI, **kwargs: Any) -> HttpResponse:
+        self.settings["url"] = self.get_openapi_url(api, kwargs)
+        context = {
+            "swagger_settings": json.dumps(self.settings, indent=1),
+            "api": api,
+            # As ninja decides it: a CSRF token only for an API-wide auth that needs one;
+            # this API has none (its auth is per router).
+            "add_csrf": False,
+        }
+        return render(request, self.template, context)
+
+
 api = KeystoneAPI(
     title="Keystone API",
+    docs=Docs(),
     version="1",
     description="Specs, runs, executions and results of Keystone. Every error answers "
     '`{"error": {"code", "message", "field"}}`.',

@@ -18,8 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import regex
-
 from checks.artifact import RunArtifact
 from checks.check import Check
 from checks.context import CheckContext, JudgeError, ServiceHandle
@@ -150,6 +148,10 @@ class UserPattern:
     """A regular expression from a spec, searched with a time limit."""
 
     def __init__(self, pattern: str, flags: int = 0) -> None:
+        # Imported with the first pattern (~35 ms), not by every process that loads the
+        # check registry; the flags are the re module's, which regex shares.
+        import regex
+
         self.pattern = pattern
         try:
             self._compiled = regex.compile(pattern, flags)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rapidfuzz.distance import Indel, Levenshtein
-
 from checks.artifact import RunArtifact
 from checks.check import Check
 from checks.context import CheckContext
@@ -32,6 +30,10 @@ from checks.results import FailureCode, Outcome
 def string_distance(left: str, right: str) -> float:
     """Levenshtein distance normalised by the longer length: 0.0 identical, 1.0 nothing in
     common (rapidfuzz, linear memory and bit-parallel, so no length cap is needed)."""
+    # rapidfuzz is imported where a drift check measures (~50 ms), not by every process
+    # that loads the check registry.
+    from rapidfuzz.distance import Levenshtein
+
     return float(Levenshtein.normalized_distance(left, right))
 
 
@@ -51,6 +53,8 @@ def tool_sequence_distance(
       mean normalised edit distance of their canonical JSON arguments;
     - drift = names + (1 - names) x arguments / 2: changed arguments never weigh more than
       half, a changed set of tools weighs everything."""
+    from rapidfuzz.distance import Indel  # see string_distance
+
     names_before = [str(c.get("name", "")) for c in baseline]
     names_after = [str(c.get("name", "")) for c in current]
     names = float(Indel.normalized_distance(names_before, names_after))

@@ -21,9 +21,7 @@ import secrets as secrets_module
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
-
-import httpx2
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from checks.artifact import LLMCall, ToolCall
 from evaluations.runner.llm_faults import (
@@ -56,6 +54,11 @@ from evaluations.runner.scripted import (
 
 RequestTransform = Callable[[dict[str, Any], int], dict[str, Any]]
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
+
+if TYPE_CHECKING:
+    # httpx2 (~100 ms to import) is imported where an upstream provider is used, not by
+    # every execution: a scripted provider or an agent with no model never needs it.
+    import httpx2
 
 
 class GatewayConfigError(ValueError):
@@ -298,6 +301,8 @@ class Gateway:
     def _forward(
         self, method: str, path: str, body: dict[str, Any] | None
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        import httpx2
+
         assert self._upstream is not None
         try:
             response = self._upstream.request(method, path, json=body)
@@ -426,6 +431,8 @@ def _upstream_client(config: Mapping[str, Any], secrets: Mapping[str, str]) -> h
         headers["Authorization"] = f"Bearer {secrets[key_name]}"
     base_url = str(config.get("base_url") or DEFAULT_UPSTREAM).rstrip("/") + "/"
     timeout = float(config.get("timeout", 600))
+    import httpx2
+
     return httpx2.Client(base_url=base_url, headers=headers, timeout=timeout)
 
 
