@@ -78,8 +78,9 @@ DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "hexagon")
 
 
-def run_hover(name: str, row: dict[str, Any]) -> str:
-    """What a point's tooltip says about its run: number, line, version, branch and when."""
+def run_hover(name: str, row: dict[str, Any], zone: str | None = None) -> str:
+    """What a point's tooltip says about its run: number, line, version, branch and when.
+    `zone` (the current time zone's name) saves looking it up again for every point."""
     parts = [f"Run #{row['id']}", name]
     if row.get("spec_version__number"):
         parts.append(f"v{row['spec_version__number']}")
@@ -87,12 +88,12 @@ def run_hover(name: str, row: dict[str, Any]) -> str:
         parts.append(str(row["branch"]))
     created = row.get("created")
     if isinstance(created, datetime):
-        parts.append(_wall_clock(created, timezone.get_current_timezone_name())[:16])
+        parts.append(wall_clock(created, zone or timezone.get_current_timezone_name())[:16])
     return " · ".join(parts)
 
 
 @functools.lru_cache(maxsize=4096)
-def _wall_clock(value: datetime, zone: str) -> str:
+def wall_clock(value: datetime, zone: str) -> str:
     """value as local wall-clock time, "YYYY-MM-DD HH:MM:SS". Cached: a trends page asks for
     each of its 100 runs' times a dozen times (every chart, every line), and converting
     time zones is most of a chart's Python time. `zone` is part of the key."""
@@ -121,10 +122,12 @@ def _x_axis(values: list[Any]) -> dict[str, Any]:
     return axis
 
 
-def chart_x(value: Any) -> Any:
-    """plotly.js reads dates without a time zone: send local wall-clock time."""
+def chart_x(value: Any, zone: str | None = None) -> Any:
+    """plotly.js reads dates without a time zone: send local wall-clock time. `zone` (the
+    current time zone's name) saves looking it up for every point: that look-up (a
+    context-local read) cost more than the cached conversion itself."""
     if isinstance(value, datetime):
-        return _wall_clock(value, timezone.get_current_timezone_name())
+        return wall_clock(value, zone or timezone.get_current_timezone_name())
     if isinstance(value, date):
         return value.isoformat()
     return value
@@ -167,12 +170,13 @@ def line_chart(
     never -$1 when every cost is $0)."""
     traces = []
     x_values: list[Any] = []
+    zone = timezone.get_current_timezone_name()
     for index, line in enumerate(series):
         if not any(y is not None for y in line.y):
             continue
         x_values.extend(line.x)
         trace: dict[str, Any] = {
-            "x": [chart_x(x) for x in line.x],
+            "x": [chart_x(x, zone) for x in line.x],
             "y": list(line.y),
             "name": line.name,
             "mode": "lines+markers",
@@ -274,13 +278,14 @@ def metric_trend(
     with `id`, `created` and the metric), oldest first. `link_for(row)` gives a point's URL;
     `marks` are drawn as dotted vertical lines (spec versions, baseline promotions)."""
     axis = METRIC_AXES[metric]
+    zone = timezone.get_current_timezone_name()
     series = [
         Series(
             name=name,
             x=[row["created"] for row in rows],
             y=[row.get(metric) for row in rows],
             links=[link_for(row) for row in rows] if link_for else None,
-            hover=[run_hover(name, row) for row in rows],
+            hover=[run_hover(name, row, zone) for row in rows],
         )
         for name, rows in lines.items()
     ]

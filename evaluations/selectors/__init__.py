@@ -9,7 +9,7 @@ from evaluations.selectors.alerts import (
     project_alert_rules,
 )
 from evaluations.selectors.baselines import active_baseline_for, spec_baseline_history
-from evaluations.selectors.bounds import SPEC_RUNS, TREND_RUNS
+from evaluations.selectors.bounds import OVERVIEW_TREND_RUNS, SPEC_RUNS, TREND_RUNS
 from evaluations.selectors.digest import digest_markdown
 from evaluations.selectors.executions import (
     EXECUTION_PAGE_SIZE,
@@ -121,6 +121,7 @@ __all__ = [
     "SPEC_RUNS",
     "TREND_METRICS",
     "TREND_RUNS",
+    "OVERVIEW_TREND_RUNS",
     "AgreementRow",
     "ArtifactText",
     "ReviewFilters",

@@ -155,13 +155,14 @@ def project_group_changes(
     invariant x scenario cells of the matrix too (the report's per-invariant rows)."""
     baselines = _latest_per_branch(project)
     run_ids = [b["latest_run_id"] for b in baselines]
+    # The matrix (~14 kB of JSON a run) is read only when its cells are compared: the
+    # overview compares groups alone.
+    parts = {"groups": KeyTransform("groups", "summary")}
+    if cells:
+        parts["matrix"] = KeyTransform("matrix", "summary")
     current = {
         row["id"]: row
-        for row in Run.objects.filter(pk__in=run_ids)
-        .annotate(
-            groups=KeyTransform("groups", "summary"), matrix=KeyTransform("matrix", "summary")
-        )
-        .values("id", "groups", "matrix")
+        for row in Run.objects.filter(pk__in=run_ids).annotate(**parts).values("id", *parts)
     }
     regressions: list[Regression] = []
     improvements: list[Regression] = []

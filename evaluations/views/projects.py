@@ -110,6 +110,9 @@ def overview(request: HttpRequest, project_slug: str) -> HttpResponse:
         access.project
     )
     context["charts"], context["trend_rows"] = _overview_charts(access)
+    # The charts are bounded: the page says how, and where the longer history is.
+    context["overview_trend_runs"] = selectors.OVERVIEW_TREND_RUNS
+    context["trend_runs"] = selectors.TREND_RUNS
     return render(request, "projects/overview.html", context)
 
 

@@ -452,6 +452,7 @@ def spec_trends(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
         for metric in selectors.TREND_METRICS
     ]
     invariant_rates = selectors.invariant_pass_rates(rows)
+    zone = timezone.get_current_timezone_name()
     shown = dict(list(invariant_rates.items())[:INVARIANT_LINES_MAX])
     invariant_chart = charts.Chart(
         id="trend-invariants",
@@ -463,7 +464,7 @@ def spec_trends(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
                     x=[row["created"] for row in rows],
                     y=rates,
                     links=[link(row) for row in rows],
-                    hover=[charts.run_hover(invariant, row) for row in rows],
+                    hover=[charts.run_hover(invariant, row, zone) for row in rows],
                 )
                 for invariant, rates in shown.items()
             ],

@@ -4,15 +4,20 @@ layout (never Django's technical pages once DEBUG is off), "just now"."""
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.template.defaultfilters import date as date_filter
+from django.template.defaultfilters import floatformat
 from django.test import Client
 from django.utils import timezone
+from django.utils.html import json_script
 
 from evaluations.models import Membership, Project, Role
-from evaluations.templatetags.keystone import ago
+from evaluations.templatetags.keystone import ago, chart_script, fixed, iso, local_minute, percent
 
 pytestmark = pytest.mark.django_db
 
@@ -52,6 +57,31 @@ def test_404_and_403_pages_are_inside_the_layout(
 def test_a_moment_ago_reads_just_now() -> None:
     assert ago(timezone.now() - timedelta(seconds=5)) == "just now"
     assert ago(timezone.now() - timedelta(hours=3, minutes=1)) == "3\xa0hours, 1\xa0minute ago"
+
+
+def test_chart_data_cannot_end_its_script_element_and_reads_back_the_same() -> None:
+    figure = {"data": [{"name": "</script><b>&amp; 'x' · é", "y": [0.5, None]}]}
+    html = str(chart_script(figure, "chart-1"))
+    body = re.fullmatch(r'<script id="chart-1" type="application/json">(.*)</script>', html)
+    assert body is not None
+    assert "<" not in body.group(1) and ">" not in body.group(1) and "&" not in body.group(1)
+    assert json.loads(body.group(1)) == figure
+    # What Django's json_script writes, but for the separators.
+    django_body = re.search(r">(.*)</script>", str(json_script(figure, "chart-1")))
+    assert django_body is not None and json.loads(django_body.group(1)) == figure
+
+
+def test_table_filters_write_what_floatformat_widthratio_and_date_wrote() -> None:
+    for value in (0.0, 0.4, 93.456, 1234.5678, 0.0042):
+        for places in (0, 1, 2, 4):
+            assert fixed(value, places) == floatformat(value, places)
+    assert fixed(2.5, 0) == "2"  # an exact half rounds to even (floatformat: "3")
+    assert fixed(None, 2) == "" and percent(None) == ""
+    assert [percent(v) for v in (0.0, 0.5, 0.955, 1.0)] == ["0%", "50%", "96%", "100%"]
+    moment = timezone.now()
+    local = timezone.localtime(moment)
+    assert local_minute(moment) == date_filter(local, "Y-m-d H:i")
+    assert iso(moment) == date_filter(local, "c")
 
 
 def test_the_overview_says_there_is_no_baseline_instead_of_no_regressions(

@@ -15,7 +15,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from evaluations import services
+from evaluations import selectors, services
 from evaluations.models import Baseline, Membership, Project, Role, RunStatus
 
 from .conftest import ALL_ROLES, ROLES
@@ -167,6 +167,12 @@ def test_overview_trend_charts_carry_each_specs_runs(two_projects, client_as, ma
     assert f'href="/p/mine/runs/{second.pk}/">#{second.pk}</a>' in table
     assert "100%" in table and "50%" in table
     assert "vendor/plotly.min.js" in html and "js/charts.js" in html
+    # The charts are bounded and say so, with the way to the longer history.
+    window = html[html.index('id="trend-window"') :]
+    window = window[: window.index("</p>")]
+    assert f"The last {selectors.OVERVIEW_TREND_RUNS} completed runs of each spec" in window
+    assert f"has its last {selectors.TREND_RUNS}." in window
+    assert 'href="/p/mine/specs/"' in window
 
 
 def test_overview_without_runs_shows_empty_states(two_projects, client_as):
