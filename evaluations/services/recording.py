@@ -73,6 +73,13 @@ def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: E
         "forbidden_violations": outcome.forbidden_violations,
         "lease_expires": None,
     }
+    # Before the results: the last execution's commit finalises the run (at once, without
+    # a broker), and the run's report carries its warnings.
+    for warning in outcome.warnings:
+        # Every execution of a run usually meets the same warnings: the run read at the
+        # start of this execution spares a query for each one it already carries.
+        if warning and warning not in execution.run.warnings:
+            run_warning_add(run_id=execution.run_id, warning=warning)
     artifacts = _write_artifact_files(execution, artifact)
     try:
         with transaction.atomic():
@@ -90,12 +97,6 @@ def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: E
         raise
     if not owned:  # another worker took over after our lease expired, and owns the results
         _delete_files(artifacts)
-        return
-    for warning in outcome.warnings:
-        # Every execution of a run usually meets the same warnings: the run read at the
-        # start of this execution spares a query for each one it already carries.
-        if warning and warning not in execution.run.warnings:
-            run_warning_add(run_id=execution.run_id, warning=warning)
 
 
 TOOL_SEQUENCE_MAX_CALLS = 200
