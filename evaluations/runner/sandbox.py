@@ -302,11 +302,10 @@ class DiskWatch:
         self.kill = kill
         self.exceeded = False
         self.next_check = 0.0
-        self.interval = _DISK_INTERVAL
 
     def __enter__(self) -> DiskWatch:
         if self.limit_mb is not None:
-            self.next_check = time.monotonic() + self.interval
+            self.next_check = time.monotonic() + _DISK_INTERVAL
             _DISK_WATCHER.add(self)
         return self
 
@@ -315,8 +314,7 @@ class DiskWatch:
         assert self.limit_mb is not None
         began = time.perf_counter()
         over = disk_usage(self.workspace) > self.limit_mb * 1024 * 1024
-        self.interval = max(_DISK_INTERVAL, 10 * (time.perf_counter() - began))
-        self.next_check = time.monotonic() + self.interval
+        self.next_check = time.monotonic() + max(_DISK_INTERVAL, 10 * (time.perf_counter() - began))
         return over
 
     @property
