@@ -29,6 +29,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if django_settings.configured:
         django_settings.KEYSTONE_POLICY_MIN_BACKEND = os.environ["KEYSTONE_POLICY_MIN_BACKEND"]
+        # The production hasher (PBKDF2, 1,000,000 rounds: ~0.3 s a password on this machine)
+        # would cost minutes over the suite's users and logins, and no test is about its
+        # strength. Servers the tests start as subprocesses keep the production hasher.
+        django_settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
