@@ -174,6 +174,7 @@ def start_worker(broker: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]
     """Start real worker processes; every one is killed (whole process group) afterwards."""
     database_url = _test_database_url()
     workers: list[Worker] = []
+    sessions_before = _other_sessions()
 
     def start(name: str, lease_seconds: int = LEASE_SECONDS) -> Worker:
         home = tmp_path / f"home-{name}"
@@ -215,21 +216,28 @@ def start_worker(broker: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]
     finally:
         for worker in workers:
             _kill(worker)
-        _wait_sessions_closed()
+        _wait_sessions_closed(sessions_before)
 
 
-def _wait_sessions_closed(timeout: float = 15) -> None:
+def _other_sessions() -> set[int]:
+    """The backend pids of the test database's sessions other than this connection's."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return {pid for (pid,) in cursor.fetchall()}
+
+
+def _wait_sessions_closed(sessions_before: set[int], timeout: float = 15) -> None:
     """Killed workers' database sessions end a moment after the processes; wait, so the
-    flush after the test and the test database's removal are not refused."""
+    flush after the test and the test database's removal are not refused. Sessions that
+    were open before the workers started are not theirs (earlier tests' threads may keep
+    one until the end), so they are not waited for."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            if cursor.fetchone()[0] == 0:
-                return
+        if _other_sessions() <= sessions_before:
+            return
         time.sleep(0.1)
 
 
