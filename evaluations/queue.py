@@ -2,7 +2,8 @@
 alone knows what runs where:
 
 - with a broker (CELERY_BROKER_URL), a message per job goes to the Celery workers;
-- with none, Celery runs the task eagerly in this process (the CLI, the tests);
+- with none, the job runs at once in this process (the CLI, the tests), without Celery:
+  evaluations.jobs holds what each task does, for both;
 - under `keystone serve` on the embedded default (KEYSTONE_EMBEDDED_WORKER), queued runs
   and pending alert firings are left for the embedded worker, which polls the database
   (evaluations.embedded_worker).
@@ -29,6 +30,13 @@ FIRING_DELIVER = "evaluations.tasks.firing_deliver"
 
 
 def _send(task_name: str, *args: int) -> None:
+    if settings.CELERY_TASK_ALWAYS_EAGER:
+        # No broker: what Celery's eager mode did, without importing Celery (~100-150 ms
+        # of every local `keystone run`, which finalises its run through here).
+        from evaluations import jobs
+
+        jobs.run_here(task_name, *args)
+        return
     from kombu.exceptions import OperationalError
 
     # Celery and the tasks are imported only when work is handed on: importing the tasks

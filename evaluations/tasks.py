@@ -1,5 +1,5 @@
-"""Celery tasks: thin interfaces over services. They take ids, never objects, and are
-idempotent, so a redelivered message (acks_late) does no harm."""
+"""Celery tasks: thin interfaces over the jobs (evaluations.jobs) and services. They take
+ids, never objects, and are idempotent, so a redelivered message (acks_late) does no harm."""
 
 from __future__ import annotations
 
@@ -7,16 +7,12 @@ import socket
 
 from celery import shared_task
 
-from evaluations import queue, services
+from evaluations import jobs, services
 
 
 @shared_task(acks_late=True)
 def run_plan(run_id: int) -> int:
-    execution_ids = services.run_plan(run_id=run_id)
-    services.execution_enqueue(execution_ids=execution_ids)
-    if not execution_ids:
-        services.run_finalize_if_done(run_id=run_id)
-    return len(execution_ids)
+    return jobs.run_plan(run_id)
 
 
 @shared_task(
@@ -28,16 +24,16 @@ def run_plan(run_id: int) -> int:
     retry_backoff=2,
     retry_backoff_max=60,
     retry_jitter=True,
-    max_retries=5,
+    max_retries=jobs.EXECUTION_RUN_MAX_RETRIES,
 )
 def execution_run(self, execution_id: int) -> bool:  # noqa: ANN001
     worker = f"{self.request.hostname or socket.gethostname()}:{self.request.id}"
-    return services.execution_execute(execution_id=execution_id, worker=worker)
+    return jobs.execution_run(execution_id, worker)
 
 
 @shared_task(acks_late=True)
 def run_finalize(run_id: int) -> int | None:
-    return services.run_finalize(run_id=run_id).exit_code
+    return jobs.run_finalize(run_id)
 
 
 @shared_task
@@ -51,16 +47,12 @@ def requeue_expired_executions() -> int:
 
 @shared_task(acks_late=True)
 def alerts_evaluate(run_id: int) -> int:
-    # One message per firing: each channel is retried on its own, and in parallel.
-    firing_ids = services.alerts_evaluate(run_id=run_id)
-    for firing_id in firing_ids:
-        queue.firing_deliver_later(firing_id)
-    return len(firing_ids)
+    return jobs.alerts_evaluate(run_id)
 
 
 @shared_task(acks_late=True)
 def firing_deliver(firing_id: int) -> str:
-    return services.firing_deliver(firing_id=firing_id)
+    return jobs.firing_deliver(firing_id)
 
 
 @shared_task

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -148,8 +149,9 @@ def _reset_connections() -> None:
 
 
 @pytest.fixture
-def broker(test_redis_url: str) -> Iterator[str]:
+def broker(test_redis_url: str, settings: Any) -> Iterator[str]:
     """An empty Redis database, and this process's Celery app sending to it."""
+    settings.CELERY_TASK_ALWAYS_EAGER = False  # evaluations.queue sends, not runs here
     client, url = _claim_redis_database(test_redis_url)
     for key in client.keys("*"):
         if key != LOCK_KEY.encode():

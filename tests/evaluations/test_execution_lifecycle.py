@@ -68,9 +68,10 @@ def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
 
 
 @pytest.fixture
-def broker_queue(test_redis_url: str) -> Iterator[redis.Redis]:
+def broker_queue(test_redis_url: str, settings: Any) -> Iterator[redis.Redis]:
     """An empty Redis database of this test's own, with this process's Celery app sending
     to it; yields the client to count the messages in the default queue."""
+    settings.CELERY_TASK_ALWAYS_EAGER = False  # evaluations.queue sends, not runs here
     base = urlsplit(test_redis_url)
     token = f"{os.getpid()}-{time.time()}"
     client = url = None

@@ -42,8 +42,9 @@ def _point_celery_at(url: str) -> None:
 
 
 @pytest.fixture
-def broker(test_redis_url: str) -> Iterator[redis.Redis]:
+def broker(test_redis_url: str, settings: Any) -> Iterator[redis.Redis]:
     """This process's Celery app sending to a database of the tests' own Redis."""
+    settings.CELERY_TASK_ALWAYS_EAGER = False  # evaluations.queue sends, not runs here
     url = test_redis_url.rsplit("/", 1)[0] + "/14"
     client = redis.Redis.from_url(url)
     client.flushdb()
