@@ -1,11 +1,15 @@
 """Issue 18: what a `keystone` command pays before it does its work. `keystone run` migrates
-the embedded database only when a migration is pending, and django.setup() does not import
-the web API's libraries."""
+the embedded database only when a migration is pending, django.setup() does not import the
+web API's libraries, and `validate` and a local `run` import neither jsonschema (nor its
+format libraries) nor Celery, nor the modules of pages they do not use."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -47,3 +51,82 @@ def test_django_setup_imports_neither_ninja_nor_pydantic(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# Imported by neither `keystone validate` nor a local `keystone run` of a spec without a
+# `schema` check: jsonschema and the format libraries it loads, Celery (no broker: the queue
+# runs the jobs itself) and the pages' selectors.
+NOT_AT_START_UP = (
+    "jsonschema",
+    "rfc3986_validator",
+    "isoduration",
+    "webcolors",
+    "celery",
+    "kombu",
+    "evaluations.tasks",
+    "evaluations.selectors.digest",
+    "evaluations.selectors.trends",
+    "evaluations.services.digest",
+)
+
+NO_OP_SPEC = """\
+version: 1
+id: startup-noop
+task: {prompts: ["p"]}
+agent: {type: command, command: "true"}
+sandbox: {backend: local}
+replicas: 1
+invariants:
+  completes: {description: "it ran", check: {type: completes}}
+"""
+
+
+def _modules_after(tmp_path: Path, *argv: str) -> list[str]:
+    """The NOT_AT_START_UP modules loaded once `keystone ARGV` has run, in a fresh process."""
+    code = (
+        "import json, sys\n"
+        "from evaluations.cli import main\n"
+        f"code = main({list(argv)!r})\n"
+        f"loaded = sorted(m for m in {NOT_AT_START_UP!r} if m in sys.modules)\n"
+        "print(json.dumps([code, loaded]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=embedded_env(tmp_path / "home", KEYSTONE_POLICY_MIN_BACKEND="local"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    exit_code, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert exit_code == 0, done.stdout + done.stderr
+    return list(loaded)
+
+
+def test_validate_imports_neither_jsonschema_nor_celery(tmp_path: Path) -> None:
+    spec = REPO_ROOT / "examples" / "specs" / "calculator-fix.yaml"
+    assert _modules_after(tmp_path, "validate", str(spec)) == []
+
+
+def test_a_local_run_imports_neither_jsonschema_nor_celery_nor_pages(tmp_path: Path) -> None:
+    spec = tmp_path / "noop.yaml"
+    spec.write_text(NO_OP_SPEC, encoding="utf-8")
+    assert _modules_after(tmp_path, "run", str(spec)) == []
+
+
+@pytest.mark.parametrize("package", ["evaluations.services", "evaluations.selectors"])
+def test_a_lazy_package_exports_each_name_from_its_module(package: str) -> None:
+    """services and selectors import a module when one of its names is first used: each
+    lazy name is in __all__ and is its module's object, and no name in __all__ is shadowed
+    by a submodule of the same name (imported after the package)."""
+    module = importlib.import_module(package)
+    where = module._MODULE_OF
+    assert set(where) <= set(module.__all__)
+    for name, submodule in where.items():
+        defined = importlib.import_module(f"{package}.{submodule}")
+        assert getattr(module, name) is getattr(defined, name), name
+    for name in module.__all__:
+        assert not isinstance(getattr(module, name), types.ModuleType), name
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018
