@@ -10,10 +10,6 @@ from collections.abc import Callable
 
 from evaluations import queue, services
 
-# The execution_run task retries an infrastructure error this many times (with a backoff
-# on the workers, at once when run here).
-EXECUTION_RUN_MAX_RETRIES = 5
-
 
 def run_plan(run_id: int) -> int:
     execution_ids = services.run_plan(run_id=run_id)
@@ -44,18 +40,11 @@ def firing_deliver(firing_id: int) -> str:
 
 
 def execution_run_here(execution_id: int) -> bool:
-    """execution_run in this process, as Celery's eager mode ran the task: named like a
-    worker's task (host:task id), an infrastructure error retried at once, and raised after
-    the last retry."""
-    worker = f"{socket.gethostname()}:{uuid.uuid4()}"
-    retries = 0
-    while True:
-        try:
-            return execution_run(execution_id, worker)
-        except services.InfrastructureError:
-            if retries == EXECUTION_RUN_MAX_RETRIES:
-                raise
-            retries += 1
+    """execution_run in this process, as Celery's eager mode ran the task: under a worker
+    name of the task's form (host:task id), and an infrastructure error raised after the one
+    attempt (the eager task raised Celery's Retry for it, and did not retry). The execution
+    has been given back by then (services.execution_release) for a later attempt."""
+    return execution_run(execution_id, f"{socket.gethostname()}:{uuid.uuid4()}")
 
 
 def run_here(task_name: str, *args: int) -> None:

@@ -24,7 +24,7 @@ def run_plan(run_id: int) -> int:
     retry_backoff=2,
     retry_backoff_max=60,
     retry_jitter=True,
-    max_retries=jobs.EXECUTION_RUN_MAX_RETRIES,
+    max_retries=5,
 )
 def execution_run(self, execution_id: int) -> bool:  # noqa: ANN001
     worker = f"{self.request.hostname or socket.gethostname()}:{self.request.id}"
