@@ -226,7 +226,7 @@ def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
     todo = iter(execution_ids)
     todo_lock = threading.Lock()
     stopping = threading.Event()
-    finished: queue.SimpleQueue[Execution | BaseException] = queue.SimpleQueue()
+    finished: queue.SimpleQueue[Execution | None | BaseException] = queue.SimpleQueue()
 
     def next_id() -> int | None:
         with todo_lock:
@@ -236,17 +236,9 @@ def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
         try:
             while (execution_id := next_id()) is not None:
                 try:
-                    services.execution_execute(execution_id=execution_id, worker=worker)
+                    # As recorded, for its progress line (None: not this process's to run).
                     finished.put(
-                        Execution.objects.only(
-                            "scenario",
-                            "prompt_index",
-                            "replica",
-                            "status",
-                            "passed",
-                            "pillar",
-                            "mutation_type",
-                        ).get(pk=execution_id)
+                        services.execution_execute(execution_id=execution_id, worker=worker)
                     )
                 except BaseException as exc:  # handed to the main thread, which raises it
                     finished.put(exc)

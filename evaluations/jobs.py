@@ -20,7 +20,8 @@ def run_plan(run_id: int) -> int:
 
 
 def execution_run(execution_id: int, worker: str) -> bool:
-    return services.execution_execute(execution_id=execution_id, worker=worker)
+    """True when this worker ran the execution (False: another had it, or it was done)."""
+    return services.execution_execute(execution_id=execution_id, worker=worker) is not None
 
 
 def run_finalize(run_id: int) -> int | None:

@@ -157,15 +157,17 @@ def harness_config(run: Run, spec: Any) -> Any:
     )
 
 
-def execution_execute(*, execution_id: int, worker: str) -> bool:
-    """Claim, run and record one execution. False when another worker has it or it is done."""
+def execution_execute(*, execution_id: int, worker: str) -> Execution | None:
+    """Claim, run and record one execution. Returns the execution as this call left it (the
+    status and verdict it recorded: a progress line needs no second read), or None when
+    another worker has it or it is done."""
     from evaluations.judge import judge_for_run
     from evaluations.runner.harness import choose_sandbox, run_execution
     from evaluations.runner.sandbox import SandboxUnavailable
     from evaluations.runner.services import ServiceError, ServiceNotConfigured
 
     if not execution_claim(execution_id=execution_id, worker=worker):
-        return False
+        return None
     execution = Execution.objects.select_related("run__spec_version").get(pk=execution_id)
     run = execution.run
     spec = engine_spec(run)
@@ -176,7 +178,7 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
         execution_record_error(execution_id=execution_id, worker=worker, error=str(exc))
         if str(exc) not in run.warnings:
             run_warning_add(run_id=run.pk, warning=str(exc))
-        return True
+        return _errored(execution)
     # The policy again, as it is now (it may have tightened since the upload), and against
     # the backend this host really gives (the default may have fallen back to local).
     refused = [f"{path}: {why}" for path, why in policy.spec_refusals(run.spec_version.parsed)]
@@ -189,7 +191,7 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
         execution_record_error(execution_id=execution_id, worker=worker, error=message)
         if message not in run.warnings:
             run_warning_add(run_id=run.pk, warning=message)
-        return True
+        return _errored(execution)
     if warning and warning not in run.warnings:
         run_warning_add(run_id=run.pk, warning=warning)
     planned = PlannedExecution(**execution.plan)
@@ -214,11 +216,11 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
         execution_record_error(execution_id=execution_id, worker=worker, error=str(exc))
         if str(exc) not in run.warnings:
             run_warning_add(run_id=run.pk, warning=str(exc))
-        return True
+        return _errored(execution)
     except ServiceError as exc:
         if execution_release(execution_id=execution_id, worker=worker, reason=str(exc)):
             raise InfrastructureError(str(exc)) from exc
-        return True  # out of attempts: recorded as an error
+        return _errored(execution)  # out of attempts: recorded as an error
     except Exception as exc:  # the platform failed, not the agent: record it, don't lose the run
         logger.exception("execution %s failed inside Keystone", execution_id)
         execution_record_error(
@@ -226,7 +228,7 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
             worker=worker,
             error=f"{INTERNAL_ERROR_PREFIX}{type(exc).__name__}: {exc}",
         )
-        return True
+        return _errored(execution)
     finally:
         watcher.stop()
     if watcher.cancelled:
@@ -240,7 +242,7 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
             finished=timezone.now(),
             lease_expires=None,
         )
-        return True
+        return _errored(execution)
     try:
         execution_record(execution=execution, worker=worker, outcome=outcome, spec=spec)
     except OSError as exc:  # a full disk: the execution ends now, not when its lease expires
@@ -250,7 +252,15 @@ def execution_execute(*, execution_id: int, worker: str) -> bool:
             worker=worker,
             error=f"{INTERNAL_ERROR_PREFIX}the results could not be stored: {exc}",
         )
-    return True
+        return _errored(execution)
+    return execution
+
+
+def _errored(execution: Execution) -> Execution:
+    """The execution in memory as execution_record_error (or a cancellation) left its row."""
+    execution.status = ExecutionStatus.ERROR
+    execution.passed = False
+    return execution
 
 
 class _LeaseWatcher(threading.Thread):

@@ -97,6 +97,9 @@ def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: E
         raise
     if not owned:  # another worker took over after our lease expired, and owns the results
         _delete_files(artifacts)
+        return
+    for name, value in fields.items():  # the row in memory as it was written
+        setattr(execution, name, value)
 
 
 TOOL_SEQUENCE_MAX_CALLS = 200

@@ -284,7 +284,8 @@ invariants:
 
     def execute() -> None:
         try:
-            returned.append(services.execution_execute(execution_id=execution_id, worker=WORKER))
+            ran = services.execution_execute(execution_id=execution_id, worker=WORKER)
+            returned.append(ran is not None)
         finally:
             connection.close()
 

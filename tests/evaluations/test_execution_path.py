@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from django.core.files.storage import default_storage
 from django.db import connection
+from django.test import override_settings
 
 from checks.spec import SpecValidationError
 from evaluations import services
@@ -135,7 +136,7 @@ def test_in_process_run_records_results_artifacts_and_finalizes(project: Project
     assert (run.status, run.execution_count) == (RunStatus.RUNNING, 4)
 
     for execution_id in execution_ids:
-        assert services.execution_execute(execution_id=execution_id, worker=WORKER) is True
+        assert services.execution_execute(execution_id=execution_id, worker=WORKER) is not None
     services.run_finalize_if_done(run_id=run.pk)
 
     run.refresh_from_db()
@@ -187,17 +188,40 @@ def test_artifacts_are_stored_as_files_not_in_rows(project: Project) -> None:
         assert "note.txt" in handle.read().decode()
 
 
+def test_an_execution_comes_back_as_it_was_recorded(project: Project) -> None:
+    """What execution_execute returns is what the progress lines print: it must be the row
+    as stored, for a recorded outcome and for an error recorded before the agent ran."""
+    run, execution_ids = _planned_run(project, MIXED_SPEC)
+    returned = services.execution_execute(execution_id=execution_ids[0], worker=WORKER)
+    stored = Execution.objects.get(pk=execution_ids[0])
+    assert returned is not None and returned.pk == stored.pk
+    assert (returned.status, returned.passed, returned.composite) == (
+        stored.status,
+        stored.passed,
+        stored.composite,
+    )
+    assert stored.status == ExecutionStatus.SUCCESS and stored.passed is True
+
+    # The server's policy now refuses the local backend: recorded as an error.
+    with override_settings(KEYSTONE_POLICY_MIN_BACKEND="docker"):
+        refused = services.execution_execute(execution_id=execution_ids[1], worker=WORKER)
+    stored = Execution.objects.get(pk=execution_ids[1])
+    assert refused is not None
+    assert (refused.status, refused.passed) == (stored.status, stored.passed)
+    assert stored.status == ExecutionStatus.ERROR and stored.passed is False
+
+
 def test_executing_a_finished_execution_again_writes_nothing(project: Project) -> None:
     run, execution_ids = _planned_run(project, MIXED_SPEC)
     first = execution_ids[0]
-    assert services.execution_execute(execution_id=first, worker=WORKER) is True
+    assert services.execution_execute(execution_id=first, worker=WORKER) is not None
     before = Execution.objects.get(pk=first)
     results_before = CheckResult.objects.filter(execution_id=first).count()
     artifacts_before = Artifact.objects.filter(execution_id=first).count()
 
     # The same worker, another worker: neither can claim a finished execution.
-    assert services.execution_execute(execution_id=first, worker=WORKER) is False
-    assert services.execution_execute(execution_id=first, worker="other:2") is False
+    assert services.execution_execute(execution_id=first, worker=WORKER) is None
+    assert services.execution_execute(execution_id=first, worker="other:2") is None
 
     after = Execution.objects.get(pk=first)
     assert (after.status, after.attempt, after.finished) == (
@@ -218,13 +242,12 @@ def test_cancel_marks_pending_executions_and_stops_the_running_agent(
     settings.KEYSTONE_EXECUTION_LEASE_SECONDS = 3
     run, execution_ids = _planned_run(project, SLOW_SPEC)
     assert len(execution_ids) == 3
-    returned: list[bool] = []
+    returned: list[str | None] = []
 
     def execute() -> None:
         try:
-            returned.append(
-                services.execution_execute(execution_id=execution_ids[0], worker=WORKER)
-            )
+            ran = services.execution_execute(execution_id=execution_ids[0], worker=WORKER)
+            returned.append(ran.status if ran is not None else None)
         finally:
             connection.close()  # this thread's own connection to the test database
 
@@ -239,7 +262,7 @@ def test_cancel_marks_pending_executions_and_stops_the_running_agent(
 
     assert not thread.is_alive(), "the running execution did not stop after the cancel"
     assert elapsed < 20, f"the agent (sleep 30) was not stopped: {elapsed:.1f} s"
-    assert returned == [True]
+    assert returned == [ExecutionStatus.ERROR]  # cancelled, as its row says
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
     assert run.finished is not None
@@ -250,7 +273,7 @@ def test_cancel_marks_pending_executions_and_stops_the_running_agent(
     assert set(Execution.objects.filter(run=run).values_list("error", flat=True)) == {"cancelled"}
     # Nothing of a cancelled run is recorded or started afterwards.
     assert CheckResult.objects.filter(run=run).count() == 0
-    assert services.execution_execute(execution_id=execution_ids[1], worker=WORKER) is False
+    assert services.execution_execute(execution_id=execution_ids[1], worker=WORKER) is None
     services.run_finalize_if_done(run_id=run.pk)
     assert Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED
 
