@@ -151,13 +151,20 @@ def run_links(project_slug: str) -> Callable[[dict[str, Any]], str]:
     """row (with an `id`) -> its run page, for points and tables. One URL is reversed and
     the others made from it: the overview links 150 runs and a trends page 100 from six
     charts and a table, and reversing each showed in their profiles."""
-    template = reverse("run_detail", args=[project_slug, 0])
+    path = id_paths("run_detail", project_slug)
+    return lambda row: path(row["id"])
+
+
+def id_paths(view_name: str, project_slug: str) -> Callable[[int], str]:
+    """pk -> the path of `view_name` (a project's page of one row, by id), made from one
+    reversed URL: a table of 50 rows need not reverse 50."""
+    template = reverse(view_name, args=[project_slug, 0])
     prefix, suffix = template.rsplit("/0/", 1)
 
-    def link(row: dict[str, Any]) -> str:
-        return f"{prefix}/{int(row['id'])}/{suffix}"
+    def path(pk: int) -> str:
+        return f"{prefix}/{int(pk)}/{suffix}"
 
-    return link
+    return path
 
 
 def lines_over_runs(

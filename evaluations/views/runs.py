@@ -123,10 +123,10 @@ def run_list(request: HttpRequest, project_slug: str) -> HttpResponse:
     runs = page.runs if page else []
     # Each row's two links from URLs reversed once (per page, per spec): a {% url %} per
     # row and link was a tenth of the page's time.
-    run_url = charts.run_links(access.project.slug)
+    run_url = charts.id_paths("run_detail", access.project.slug)
     spec_urls: dict[str, str] = {}
     for run in runs:
-        run.url = run_url({"id": run.pk})  # type: ignore[attr-defined]
+        run.url = run_url(run.pk)  # type: ignore[attr-defined]
         slug = run.spec.slug
         if slug not in spec_urls:
             spec_urls[slug] = reverse("spec_detail", args=[access.project.slug, slug])
