@@ -177,7 +177,7 @@ def _seed_history(project: Any) -> None:
 
     from checks.spec.model import Spec as EngineSpec
     from evaluations import services
-    from evaluations.models import Execution, Run
+    from evaluations.models import Execution, Run, summary_invariant_counts
 
     rng = random.Random(7)
     versions = [
@@ -204,6 +204,7 @@ def _seed_history(project: Any) -> None:
                 labels={"branch": "main" if index % 3 else "feature"},
                 branch="main" if index % 3 else "feature",
                 summary=summary,
+                invariant_counts=summary_invariant_counts(summary),
                 composite=rng.uniform(0.6, 1.0),
                 pass_rate=summary["pass_rate"],
                 resilience=summary["resilience"]["score"],

@@ -18,6 +18,7 @@ A gate that passed in the reference and fails now is `gate_flipped`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -69,6 +70,9 @@ class Comparison:
         }
 
 
+# Cached: a compare page tests ~100 cells and groups, most with the same few counts (every
+# replica passing, the needed_replicas search), and scipy takes ~0.2 ms a test.
+@functools.lru_cache(maxsize=4096)
 def p_drop(before_passed: int, before_total: int, after_passed: int, after_total: int) -> float:
     """One-sided Fisher's exact p-value that the pass rate dropped from before to after."""
     from scipy.stats import fisher_exact

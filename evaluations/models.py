@@ -278,6 +278,20 @@ class RunStatus(models.TextChoices):
 RUN_TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.FAILED})
 
 
+def summary_invariant_counts(summary: dict[str, Any]) -> dict[str, list[int]]:
+    """invariant id -> [results passed, results total] in a run summary: its `matrix` cells
+    (one per scenario and invariant) summed over the scenarios. What Run.invariant_counts
+    stores; migration 0012 has a copy of this for the runs finalized before it."""
+    counts: dict[str, list[int]] = {}
+    matrix = summary.get("matrix") if isinstance(summary, dict) else None
+    for cell in matrix if isinstance(matrix, list) else []:
+        if isinstance(cell, dict) and cell.get("invariant_id") is not None:
+            sums = counts.setdefault(str(cell["invariant_id"]), [0, 0])
+            sums[0] += int(cell.get("results_passed") or 0)
+            sums[1] += int(cell.get("results_total") or 0)
+    return counts
+
+
 class Trigger(models.TextChoices):
     WEB = "web"
     CLI = "cli"
@@ -310,6 +324,10 @@ class Run(models.Model):
     cost_usd = models.FloatField(null=True, blank=True)
     p95_duration_ms = models.FloatField(null=True, blank=True)
     judge_mean = models.FloatField(null=True, blank=True)
+    # invariant id -> [results passed, results total] over the whole run (its summary
+    # matrix's cells summed over scenarios), written by run_finalize: the trends page reads
+    # these few hundred bytes for each of its 100 runs instead of each ~58 kB summary.
+    invariant_counts = models.JSONField(default=dict, blank=True)
     execution_count = models.PositiveIntegerField(default=0)
     executions_done = models.PositiveIntegerField(default=0)
     warnings = models.JSONField(default=list, blank=True)

@@ -23,6 +23,7 @@ from evaluations.models import (
     ResultSource,
     Run,
     RunStatus,
+    summary_invariant_counts,
 )
 from evaluations.selectors.baselines import active_baseline_for
 from evaluations.selectors.records import execution_record as execution_record_of
@@ -46,6 +47,7 @@ def run_finalize(*, run_id: int) -> Run:
     summary = score_run(spec, records, kappa=kappa)
     composites = [e.composite for e in summary.executions]
     run.summary = summary.to_dict()
+    run.invariant_counts = summary_invariant_counts(run.summary)
     run.cost_usd = summary.metrics.total_cost_usd
     run.p95_duration_ms = summary.metrics.p95_duration_ms
     run.judge_mean = summary.metrics.judge_mean

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django import template
 from django.core.serializers.json import DjangoJSONEncoder
+from django.template.defaultfilters import floatformat
 from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
@@ -43,11 +46,19 @@ def ago(value: datetime | None) -> str:
 
 @register.filter
 def fixed(value: float | None, places: int = 1) -> str:
-    """A number with `places` decimals: 93.456|fixed:1 is "93.5". Unlike floatformat, an
-    exact half rounds to even (2.5|fixed:0 is "2")."""
+    """A number with `places` (0 or more) decimals, what floatformat writes: the float's
+    shortest decimal text rounded half up (93.456|fixed:1 is "93.5", 2.5|fixed:0 is "3",
+    never "-0.0"), without floatformat's localization, the slow part of it."""
     if value is None or value == "":
         return ""
-    return f"{float(value):.{int(places)}f}"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or abs(number) >= 1e15:  # rare: leave these to Django
+        return str(floatformat(value, places))
+    rounded = Decimal(repr(number)).quantize(Decimal(1).scaleb(-int(places)), ROUND_HALF_UP)
+    return f"{rounded.copy_abs() if rounded.is_zero() else rounded:f}"
 
 
 @register.filter
@@ -64,6 +75,14 @@ def local_minute(value: datetime | None) -> str:
     if value is None:
         return ""
     return wall_clock(value, timezone.get_current_timezone_name())[:16]
+
+
+@register.filter
+def local_second(value: datetime | None) -> str:
+    """A moment as local wall-clock time to the second, "2026-11-25 18:05:09"."""
+    if value is None:
+        return ""
+    return wall_clock(value, timezone.get_current_timezone_name())
 
 
 @register.filter

@@ -105,6 +105,9 @@ def queue(request: HttpRequest, project_slug: str) -> HttpResponse:
     except ValueError:
         after = None  # a mangled link starts at the first page
     page = selectors.review_queue_page(access.project, filters, status=status, after=after)
+    item_url = charts.id_paths("review_item", access.project.slug)
+    for item in page.items:  # one reversed URL for the 50 rows' links
+        item.url = item_url(item.pk)
     context = {
         "access": access,
         "filters": filters,

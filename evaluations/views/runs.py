@@ -29,7 +29,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
 from checks import reporters
-from evaluations import selectors, services
+from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
 from evaluations.models import Role, Run, RunStatus
 from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
@@ -120,11 +120,22 @@ def run_list(request: HttpRequest, project_slug: str) -> HttpResponse:
             next_query = query.urlencode()
     first_query = request.GET.copy()
     first_query.pop("after", None)
+    runs = page.runs if page else []
+    # Each row's two links from URLs reversed once (per page, per spec): a {% url %} per
+    # row and link was a tenth of the page's time.
+    run_url = charts.id_paths("run_detail", access.project.slug)
+    spec_urls: dict[str, str] = {}
+    for run in runs:
+        run.url = run_url(run.pk)  # type: ignore[attr-defined]
+        slug = run.spec.slug
+        if slug not in spec_urls:
+            spec_urls[slug] = reverse("spec_detail", args=[access.project.slug, slug])
+        run.spec_url = spec_urls[slug]  # type: ignore[attr-defined]
     context = {
         "access": access,
         "form": form,
         "page": page,
-        "runs": page.runs if page else [],
+        "runs": runs,
         "next_query": next_query,
         "next_url": f"{request.path}?{next_query}" if next_query else "",
         "first_query": first_query.urlencode(),

@@ -452,22 +452,13 @@ def spec_trends(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
         for metric in selectors.TREND_METRICS
     ]
     invariant_rates = selectors.invariant_pass_rates(rows)
-    zone = timezone.get_current_timezone_name()
-    shown = dict(list(invariant_rates.items())[:INVARIANT_LINES_MAX])
     invariant_chart = charts.Chart(
         id="trend-invariants",
         title="Pass rate per invariant",
-        figure=charts.line_chart(
-            [
-                charts.Series(
-                    name=invariant,
-                    x=[row["created"] for row in rows],
-                    y=rates,
-                    links=[link(row) for row in rows],
-                    hover=[charts.run_hover(invariant, row, zone) for row in rows],
-                )
-                for invariant, rates in shown.items()
-            ],
+        figure=charts.lines_over_runs(
+            dict(list(invariant_rates.items())[:INVARIANT_LINES_MAX]),
+            rows,
+            link_for=link,
             y_title="Pass rate",
             y_range=(0, 1.02),
             y_format=".0%",

@@ -33,7 +33,15 @@ from checks.results import FailureCode
 from checks.scoring import score_run
 from checks.spec.model import Spec as EngineSpec
 from evaluations import services
-from evaluations.models import Membership, Project, Role, Run, RunStatus, SpecVersion
+from evaluations.models import (
+    Membership,
+    Project,
+    Role,
+    Run,
+    RunStatus,
+    SpecVersion,
+    summary_invariant_counts,
+)
 
 ROLES = ["viewer", "reviewer", "editor", "admin"]
 ALL_ROLES = [*ROLES, "outsider"]
@@ -172,6 +180,7 @@ def make_run(db: None) -> Callable[..., Run]:
             values.update(
                 status=RunStatus.COMPLETED,
                 summary=summary,
+                invariant_counts=summary_invariant_counts(summary),
                 pass_rate=summary["pass_rate"],
                 resilience=summary["resilience"]["score"],
                 overall=summary["overall"],

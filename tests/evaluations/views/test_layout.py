@@ -5,6 +5,7 @@ layout (never Django's technical pages once DEBUG is off), "just now"."""
 from __future__ import annotations
 
 import json
+import random
 import re
 from datetime import timedelta
 from typing import Any
@@ -17,7 +18,15 @@ from django.utils import timezone
 from django.utils.html import json_script
 
 from evaluations.models import Membership, Project, Role
-from evaluations.templatetags.keystone import ago, chart_script, fixed, iso, local_minute, percent
+from evaluations.templatetags.keystone import (
+    ago,
+    chart_script,
+    fixed,
+    iso,
+    local_minute,
+    local_second,
+    percent,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -72,15 +81,22 @@ def test_chart_data_cannot_end_its_script_element_and_reads_back_the_same() -> N
 
 
 def test_table_filters_write_what_floatformat_widthratio_and_date_wrote() -> None:
-    for value in (0.0, 0.4, 93.456, 1234.5678, 0.0042):
-        for places in (0, 1, 2, 4):
-            assert fixed(value, places) == floatformat(value, places)
-    assert fixed(2.5, 0) == "2"  # an exact half rounds to even (floatformat: "3")
+    rng = random.Random(18)
+    values = [0.0, -0.0, 0.4, 93.456, 1234.5678, 0.0042, 2.5, 0.125, 87.25, 1.0005, -0.0001]
+    values += [-2.5, 1e20, 3e-9, float("nan"), float("inf"), "0.25", "n/a", "", True]
+    values += [rng.uniform(-1e4, 1e4) for _ in range(300)] + [rng.random() for _ in range(300)]
+    values += [round(rng.uniform(0, 100), rng.randint(1, 5)) for _ in range(300)]  # halves too
+    for value in values:
+        for places in (0, 1, 2, 3, 4):
+            assert fixed(value, places) == floatformat(value, places), (value, places)
+    assert fixed(2.5, 0) == "3" and fixed(0.125, 2) == "0.13"  # halves round up, as there
+    assert fixed(-0.0001, 2) == "0.00"
     assert fixed(None, 2) == "" and percent(None) == ""
     assert [percent(v) for v in (0.0, 0.5, 0.955, 1.0)] == ["0%", "50%", "96%", "100%"]
     moment = timezone.now()
     local = timezone.localtime(moment)
     assert local_minute(moment) == date_filter(local, "Y-m-d H:i")
+    assert local_second(moment) == date_filter(local, "Y-m-d H:i:s")
     assert iso(moment) == date_filter(local, "c")
 
 

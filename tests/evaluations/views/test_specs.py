@@ -49,9 +49,15 @@ def url(name: str, *args: Any, project: str = "mine") -> str:
 
 
 def chart_figure(html: str, chart_id: str) -> dict[str, Any]:
+    """The figure plotly.js draws: what the page embeds, with its "shared" per-point arrays
+    given to every line that lacks them (as static/js/charts.js does)."""
     match = re.search(rf'<script id="{chart_id}" type="application/json">(.*?)</script>', html)
     assert match, f"no chart {chart_id}"
     figure: dict[str, Any] = json.loads(match.group(1))
+    shared = figure.pop("shared", {})
+    for trace in figure["data"]:
+        for key, values in shared.items():
+            trace.setdefault(key, list(values))
     go.Figure(figure)  # raises on anything plotly.js would not understand
     return figure
 
@@ -558,6 +564,26 @@ def test_trend_tooltips_name_the_run_and_a_zero_cost_axis_starts_at_zero(
     # Lines of the invariant chart differ by dash and marker, not only by colour.
     invariants = chart_figure(html, "trend-invariants")["data"]
     assert len({(t["line"]["dash"], t["marker"]["symbol"]) for t in invariants}) == len(invariants)
+    # Their tooltips say the same about the run as the metric charts', and name the line;
+    # each point links to its run.
+    for line in invariants:
+        assert line["hovertemplate"] == (
+            "%{text} · %{fullData.name} · %{hovertext}<br>%{y:.0%}<extra>%{fullData.name}</extra>"
+        )
+        tooltips = [
+            f"{text} · {line['name']} · {rest}"
+            for text, rest in zip(line["text"], line["hovertext"], strict=True)
+        ]
+        assert tooltips == [
+            f"Run #{run.pk} · {line['name']} · v1 · main · "
+            + timezone.localtime(run.created).strftime("%Y-%m-%d %H:%M")
+            for run in (first, second)
+        ]
+        assert line["customdata"] == [url("run_detail", first.pk), url("run_detail", second.pk)]
+    # The page sends what the invariant lines share once, not once per line: the run's
+    # number is in each metric chart and once in the invariant chart.
+    assert len(invariants) == 2
+    assert len(re.findall(rf"Run #{first.pk}\b", html)) == len(selectors.TREND_METRICS) + 1
 
 
 @pytest.mark.embedded
