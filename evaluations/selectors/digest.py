@@ -37,11 +37,18 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value:.0%}"
 
 
-def _trend(values: list[float | None]) -> str:
+def _trend(values: list[float | None], *, full_scale: float = 1.0) -> str:
+    """A sparkline of values in [0, full_scale], then the first and the last value: rates
+    (full scale 1) as percentages, resilience (0-100) as points."""
     present = [v for v in values if v is not None]
     if not present:
         return "–"
-    return f"`{sparkline(values)}` {_pct(present[0])} → {_pct(present[-1])}"
+    line = sparkline([None if v is None else v / full_scale for v in values])
+
+    def show(value: float) -> str:
+        return _pct(value) if full_scale == 1.0 else f"{value:.1f}"
+
+    return f"`{line}` {show(present[0])} → {show(present[-1])}"
 
 
 def digest_markdown(project: Project, *, end: datetime, base_url: str = "") -> str:
@@ -90,7 +97,8 @@ def digest_markdown(project: Project, *, end: datetime, base_url: str = "") -> s
             pass_rates = [p for p, _ in by_spec[slug]]
             resilience = [r for _, r in by_spec[slug]]
             lines.append(
-                f"| {slug} | {len(pass_rates)} | {_trend(pass_rates)} | {_trend(resilience)} |"
+                f"| {slug} | {len(pass_rates)} | {_trend(pass_rates)} "
+                f"| {_trend(resilience, full_scale=100.0)} |"
             )
     else:
         lines.append("No completed run this week.")
@@ -146,14 +154,17 @@ def digest_chart_png(project: Project, *, end: datetime) -> bytes | None:
     figure = go.Figure()
     for slug in sorted({row[0] for row in rows}):
         runs = [row for row in rows if row[0] == slug]
-        for index, metric in ((2, "pass rate"), (3, "resilience")):
+        pass_rates = [row[2] for row in runs]
+        # Resilience (0-100) is drawn on the pass rate's axis as a fraction of 100.
+        resilience = [None if row[3] is None else row[3] / 100 for row in runs]
+        for values, metric in ((pass_rates, "pass rate"), (resilience, "resilience")):
             figure.add_trace(
                 go.Scatter(
                     x=[row[1] for row in runs],
-                    y=[row[index] for row in runs],
+                    y=values,
                     mode="lines+markers",
                     name=f"{slug} {metric}",
-                    line={"dash": "solid" if index == 2 else "dot"},
+                    line={"dash": "solid" if metric == "pass rate" else "dot"},
                 )
             )
     figure.update_layout(

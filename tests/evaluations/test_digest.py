@@ -48,7 +48,9 @@ def seed(project: Project) -> None:
     baseline_of(refund, reference, PASSING)
     days = [6, 4, 2, 1]
     refund_runs = []
-    for index, (rate, resilience) in enumerate([(1.0, 0.9), (0.75, 0.8), (0.5, 0.5), (0.0, 0.2)]):
+    for index, (rate, resilience) in enumerate(
+        [(1.0, 90.0), (0.75, 80.0), (0.5, 50.0), (0.0, 20.0)]
+    ):
         last = index == len(days) - 1
         run = finished_run(
             refund,
