@@ -191,7 +191,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def default_jobs() -> int:
     """Executions at a time in `keystone run` without a broker: two per core, since an
-    execution spends most of its time waiting on its agent."""
+    execution spends much of its time waiting on its agent."""
     return 2 * (os.cpu_count() or 1)
 
 
@@ -208,68 +208,174 @@ def _default_timeout(run_id: int) -> float:
 
 
 def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
-    """Execute the run's executions here, `jobs` threads at a time. Threads are enough: an
-    execution mostly waits on its sandbox's processes and on HTTP. Each thread keeps its own
-    database connection for all the executions it takes (SQLite takes writers one at a time;
-    see settings) and closes it when it ends. Each execution is claimed before it runs, as on
-    the workers, so no two threads ever run the same one."""
-    import queue
+    """Execute the run's executions on this machine, `jobs` at a time: threads in this
+    process and in one forked process per further core. Threads, because an execution mostly
+    waits on its sandbox's processes and on HTTP; processes, because preparing and recording
+    an execution is Python work that holds its process's GIL (one process kept one core
+    busy). Each thread keeps its own database connection for all the executions it takes
+    (SQLite takes writers one at a time; see settings), and each execution is claimed
+    before it runs, as on the workers, so no two threads ever run the same one."""
+    import multiprocessing
 
     from django.db import connections
 
     from evaluations import services
-    from evaluations.models import Execution
 
-    worker = f"cli:{os.getpid()}"
     execution_ids = services.run_plan(run_id=run_id)
     total = len(execution_ids)
-    todo = iter(execution_ids)
-    todo_lock = threading.Lock()
-    stopping = threading.Event()
-    finished: queue.SimpleQueue[Execution | None | BaseException] = queue.SimpleQueue()
-
-    def next_id() -> int | None:
-        with todo_lock:
-            return None if stopping.is_set() else next(todo, None)
-
-    def execute_until_done() -> None:
-        try:
-            while (execution_id := next_id()) is not None:
-                try:
-                    # As recorded, for its progress line (None: not this process's to run).
-                    finished.put(
-                        services.execution_execute(execution_id=execution_id, worker=worker)
-                    )
-                except BaseException as exc:  # handed to the main thread, which raises it
-                    finished.put(exc)
-                    return
-        finally:
-            connections.close_all()  # this thread's connections only
-
-    threads = [
-        threading.Thread(target=execute_until_done, name=f"execution-{index}")
-        for index in range(max(1, min(jobs, total)))
+    jobs = max(1, min(jobs, total))
+    processes = min(os.cpu_count() or 1, jobs)
+    # The jobs shared out: this process's threads first, then each forked process's.
+    threads = [jobs // processes + (index < jobs % processes) for index in range(processes)]
+    context = multiprocessing.get_context("fork")
+    work = _SharedWork(execution_ids, context.Value("i", 0), context.Event(), context.Queue())
+    connections.close_all()  # a forked process must not share this process's connections
+    children = [
+        context.Process(target=_execute_in_child, args=(work, count), daemon=True)
+        for count in threads[1:]
     ]
-    for thread in threads:
+    for child in children:
+        child.start()
+    own = [threading.Thread(target=work.execute_until_done) for _ in range(threads[0])]
+    for thread in own:
         thread.start()
     try:
         for done in range(1, total + 1):
-            outcome = finished.get()
+            outcome = work.next_outcome(children)
             if isinstance(outcome, BaseException):
                 raise outcome
             progress.step(done, total, outcome)
-    except BaseException as exc:
-        stopping.set()  # Ctrl-C or an error: start nothing more
-        if isinstance(exc, KeyboardInterrupt):
-            # Cancelled, the running executions' sandboxes are stopped by their lease
-            # watchers, so the threads end without waiting for their agents to finish.
-            services.run_cancel(run_id=run_id)
+    except BaseException:
+        # Ctrl-C or an error (a thread's, or a forked process that died): start nothing more
+        # and cancel the run, which no one else would finish. Its running executions'
+        # sandboxes are stopped by their lease watchers, so the threads end without waiting
+        # for their agents.
+        work.stopping.set()
+        services.run_cancel(run_id=run_id)
+        _record_dead_children(run_id, children)
         raise
     finally:
-        for thread in threads:
+        for thread in own:
             thread.join()
+        for child in children:
+            child.join()
     services.run_finalize_if_done(run_id=run_id)
     progress.finish()
+
+
+def _record_dead_children(run_id: int, children: list[Any]) -> None:
+    """The executions a forked process held when it died end as errors that say so (no
+    lease watcher is left to end them)."""
+    from evaluations import services
+    from evaluations.models import Execution, ExecutionStatus
+
+    for child in children:
+        if child.exitcode in (None, 0):
+            continue
+        worker = f"cli:{child.pid}"
+        held = Execution.objects.filter(
+            run_id=run_id, claimed_by=worker, status=ExecutionStatus.RUNNING
+        ).values_list("pk", flat=True)
+        for execution_id in held:
+            services.execution_record_error(
+                execution_id=execution_id,
+                worker=worker,
+                error=f"the process running it ended with exit code {child.exitcode}",
+            )
+
+
+class _SharedWork:
+    """The executions to run, shared by the threads of `keystone run`'s processes: the next
+    one to take (an index into the ids every process has), whether to stop, and what each
+    finished with, as the progress line needs it (or the exception that stopped a thread)."""
+
+    def __init__(self, execution_ids: list[int], taken: Any, stopping: Any, finished: Any):
+        self.execution_ids = execution_ids
+        self.taken = taken
+        self.stopping = stopping
+        self.finished = finished
+
+    def next_id(self) -> int | None:
+        with self.taken.get_lock():
+            index = self.taken.value
+            if self.stopping.is_set() or index >= len(self.execution_ids):
+                return None
+            self.taken.value = index + 1
+        return self.execution_ids[index]
+
+    def execute_until_done(self) -> None:
+        from types import SimpleNamespace
+
+        from django.db import connections
+
+        from evaluations import services
+
+        worker = f"cli:{os.getpid()}"
+        try:
+            while (execution_id := self.next_id()) is not None:
+                try:
+                    done = services.execution_execute(execution_id=execution_id, worker=worker)
+                except BaseException as exc:  # handed to the main thread, which raises it
+                    self.finished.put(_picklable(exc))
+                    return
+                # As recorded (None: not this process's to run), what the progress line shows.
+                self.finished.put(
+                    None
+                    if done is None
+                    else SimpleNamespace(
+                        **{field: getattr(done, field) for field in PROGRESS_FIELDS}
+                    )
+                )
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    def next_outcome(self, children: list[Any]) -> Any:
+        """The next finished execution's outcome; an error if a forked process died (killed
+        by the kernel, say) without handing over what it had taken."""
+        import queue
+
+        while True:
+            try:
+                return self.finished.get(timeout=1.0)
+            except queue.Empty:
+                for child in children:
+                    if child.exitcode not in (None, 0):
+                        raise RuntimeError(
+                            f"a process running executions ended with exit code {child.exitcode}"
+                        ) from None
+
+
+PROGRESS_FIELDS = (
+    "scenario",
+    "prompt_index",
+    "replica",
+    "status",
+    "passed",
+    "pillar",
+    "mutation_type",
+)
+
+
+def _execute_in_child(work: _SharedWork, threads: int) -> None:
+    """A forked process of `keystone run`: `threads` threads taking executions until none is
+    left. Ctrl-C reaches every process of the terminal's group: only the parent acts on it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    running = [threading.Thread(target=work.execute_until_done) for _ in range(threads)]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join()
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """The exception as it can cross to the parent process (the message, if it cannot)."""
+    import pickle
+
+    try:
+        pickle.dumps(exc)
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
 
 
 def _run_on_workers(run_id: int, progress: Progress, *, deadline: float) -> bool:

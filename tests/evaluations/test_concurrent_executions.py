@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import sqlite3
 import subprocess
 import sys
@@ -54,7 +55,11 @@ def _run(tmp_path: Path, jobs: int) -> list[tuple[datetime, datetime, int]]:
         results = db.execute(
             "SELECT COUNT(*), COUNT(DISTINCT execution_id) FROM evaluations_checkresult"
         ).fetchone()
+        processes = db.execute("SELECT COUNT(DISTINCT claimed_by) FROM evaluations_execution")
+        (claimed_by,) = processes.fetchone()
     assert results == (6, 6), "each execution's result is stored exactly once"
+    # Threads in this process and in one forked process per further core (`cli:<pid>`).
+    assert claimed_by == min(jobs, os.cpu_count() or 1), claimed_by
     return [(datetime.fromisoformat(s), datetime.fromisoformat(f), a) for s, f, a in rows]
 
 
@@ -136,3 +141,63 @@ def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(tmp_path:
             "SELECT COUNT(*) FROM evaluations_execution WHERE status IN ('pending', 'running')"
         ).fetchone()[0]
     assert status == "cancelled" and left == 0
+
+
+def _python_children(pid: int) -> list[int]:
+    """The pids of `pid`'s child processes that run Python (not its agents' shells)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = (entry / "stat").read_text()
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if parent == pid and name.startswith("python"):
+                children.append(int(entry.name))
+    return children
+
+
+@pytest.mark.embedded
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: keystone run forks no process")
+def test_a_killed_execution_process_fails_the_run_at_once_and_says_so(tmp_path: Path) -> None:
+    """`keystone run` forks a process per further core. One killed by the kernel must not
+    leave the command waiting for executions nobody runs: it cancels the run, ends the dead
+    process's execution as an error naming the exit code, and exits 4."""
+    import signal
+
+    home = tmp_path / "home"
+    spec = tmp_path / "slow.yaml"
+    spec.write_text(SPEC.replace("sleep 0.4", "sleep 120").replace("timeout: 30", "timeout: 300"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--jobs", "2"],
+        cwd=REPO_ROOT,
+        env=embedded_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    database = home / "keystone.sqlite3"
+    deadline = time.monotonic() + 60
+    running = 0
+    while running < 2:  # this process and the forked one are each inside an agent
+        assert time.monotonic() < deadline, "the executions never started"
+        time.sleep(0.2)
+        if database.exists():
+            with sqlite3.connect(database) as db, contextlib.suppress(sqlite3.OperationalError):
+                running = db.execute(
+                    "SELECT COUNT(*) FROM evaluations_execution WHERE status = 'running'"
+                ).fetchone()[0]
+    [child] = _python_children(process.pid)
+    os.kill(child, signal.SIGKILL)
+    _, err = process.communicate(timeout=90)  # not the agents' 120 s
+    assert process.returncode == 4, err
+    assert "ended with exit code -9" in err, err
+    with sqlite3.connect(database) as db:
+        status = db.execute("SELECT status FROM evaluations_run").fetchone()[0]
+        left = db.execute(
+            "SELECT COUNT(*) FROM evaluations_execution WHERE status IN ('pending', 'running')"
+        ).fetchone()[0]
+        errors = [e for (e,) in db.execute("SELECT error FROM evaluations_execution")]
+    assert status == "cancelled" and left == 0
+    assert errors.count("the process running it ended with exit code -9") == 1, errors
