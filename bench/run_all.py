@@ -289,23 +289,24 @@ def main() -> int:
         redis.terminate()
         shutil.rmtree(tmp, ignore_errors=True)
     out = Path(args.out) if args.out else (None if args.smoke else ROOT / "docs/performance.md")
-    if args.only and out is not None and out.exists():
+    measured, written = split_doc(out.read_text() if out is not None and out.exists() else "")
+    if args.only and measured:
         only = " ".join(f"--only {t!r}" if " " in t else f"--only {t}" for t in args.only)
-        table = merge(out.read_text(), rows, f"python bench/run_all.py {only} --repeat {repeat}")
+        table = merge(measured, rows, f"python bench/run_all.py {only} --repeat {repeat}")
     else:
         table = render(rows, repeat, smoke=args.smoke)
     if out is not None:
-        out.write_text(table + hand_written(out))
+        out.write_text(table + written)
         print(f"wrote {out}")
     return 0
 
 
-def hand_written(path: Path) -> str:
-    """The sections people wrote below the table (from its first "## " heading on, such as
-    the pages' EXPLAIN output): the table is measured again, they are kept."""
-    text = path.read_text() if path.exists() else ""
+def split_doc(text: str) -> tuple[str, str]:
+    """The measured part of docs/performance.md (the table and its notes) and the sections
+    people wrote below it (from the first "## " heading on, such as the pages' EXPLAIN
+    output): the table is measured again, the sections are kept as they are."""
     start = text.find("\n## ")
-    return "" if start < 0 else text[start:]
+    return (text, "") if start < 0 else (text[:start], text[start:])
 
 
 def render(rows: list[tuple[str, str, str, str]], repeat: int, *, smoke: bool) -> str:

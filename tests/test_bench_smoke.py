@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,3 +32,28 @@ def test_every_benchmark_runs_and_reports_its_figure(tmp_path: Path) -> None:
         measured = row.split(" | ")[2]
         low = float(measured.split(" / ")[0])
         assert low > 0, row  # a figure was read, not a placeholder
+
+
+def test_measuring_some_rows_again_keeps_the_written_sections_once(monkeypatch: Any) -> None:
+    """`run_all.py --only X` replaces X's row in the table and keeps the sections people
+    wrote below it as they are, once, tables of their own included."""
+    import importlib.util
+
+    loaded = importlib.util.spec_from_file_location("run_all", REPO / "bench" / "run_all.py")
+    assert loaded is not None and loaded.loader is not None
+    run_all = importlib.util.module_from_spec(loaded)
+    monkeypatch.setitem(sys.modules, "run_all", run_all)  # its dataclasses look it up
+    loaded.loader.exec_module(run_all)
+    doc = (
+        "# Performance\n\n| figure | target | measured | command |\n|---|---|---|---|\n"
+        "| a | 1 | 5 / 5 / 5 ms | x |\n| b | 2 | 7 / 7 / 7 ms | y |\n\n"
+        "## Written by hand\n\n| page | before | after |\n|---|---|---|\n| run list | 9 | 8 |\n"
+    )
+    measured, written = run_all.split_doc(doc)
+    merged = run_all.merge(measured, [("b", "2", "6 / 6 / 6 ms", "y")], "python run_all --only b")
+    result = merged + written
+    assert result.count("## Written by hand") == 1
+    assert "| run list | 9 | 8 |" in result
+    assert "| a | 1 | 5 / 5 / 5 ms | x |" in result
+    assert "| b | 2 | 6 / 6 / 6 ms | y |" in result and "7 / 7 / 7" not in result
+    assert result.index("measured by `python run_all --only b`") < result.index("## Written")
