@@ -359,12 +359,22 @@ PROGRESS_FIELDS = (
 def _execute_in_child(work: _SharedWork, threads: int) -> None:
     """A forked process of `keystone run`: `threads` threads taking executions until none is
     left. Ctrl-C reaches every process of the terminal's group: only the parent acts on it."""
+    import atexit
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    running = [threading.Thread(target=work.execute_until_done) for _ in range(threads)]
-    for thread in running:
-        thread.start()
-    for thread in running:
-        thread.join()
+    # What this process starts for its executions and stops at exit (agent.start servers,
+    # local PostgreSQL clusters) is stopped by atexit handlers, which multiprocessing skips
+    # (a forked process ends with os._exit): they are run here, after dropping the ones
+    # inherited from the parent, which are the parent's to run.
+    atexit._clear()
+    try:
+        running = [threading.Thread(target=work.execute_until_done) for _ in range(threads)]
+        for thread in running:
+            thread.start()
+        for thread in running:
+            thread.join()
+    finally:
+        atexit._run_exitfuncs()
 
 
 def _picklable(exc: BaseException) -> BaseException:
