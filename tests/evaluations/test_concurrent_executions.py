@@ -105,10 +105,9 @@ def test_the_embedded_workers_pollers_share_a_run_each_execution_once(project: o
     assert CheckResult.objects.filter(run=run).count() == 6
 
 
-@pytest.mark.embedded
-def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(tmp_path: Path) -> None:
-    import signal
-
+def _two_agents_running(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+    """`keystone run --jobs 2` of agents that sleep 120 s, once two executions are inside
+    their agent; and the run's SQLite database."""
     home = tmp_path / "home"
     spec = tmp_path / "slow.yaml"
     spec.write_text(SPEC.replace("sleep 0.4", "sleep 120").replace("timeout: 30", "timeout: 300"))
@@ -123,7 +122,7 @@ def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(tmp_path:
     database = home / "keystone.sqlite3"
     deadline = time.monotonic() + 60
     running = 0
-    while running < 2:  # both threads are inside an agent
+    while running < 2:
         assert time.monotonic() < deadline, "the executions never started"
         time.sleep(0.2)
         if database.exists():
@@ -131,6 +130,14 @@ def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(tmp_path:
                 running = db.execute(  # no such table yet while the schema is made
                     "SELECT COUNT(*) FROM evaluations_execution WHERE status = 'running'"
                 ).fetchone()[0]
+    return process, database
+
+
+@pytest.mark.embedded
+def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(tmp_path: Path) -> None:
+    import signal
+
+    process, database = _two_agents_running(tmp_path)
     process.send_signal(signal.SIGINT)
     # Far less than the agents' 120 s: the interrupt does not wait for them.
     _, err = process.communicate(timeout=60)
@@ -166,28 +173,7 @@ def test_a_killed_execution_process_fails_the_run_at_once_and_says_so(tmp_path: 
     process's execution as an error naming the exit code, and exits 4."""
     import signal
 
-    home = tmp_path / "home"
-    spec = tmp_path / "slow.yaml"
-    spec.write_text(SPEC.replace("sleep 0.4", "sleep 120").replace("timeout: 30", "timeout: 300"))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--jobs", "2"],
-        cwd=REPO_ROOT,
-        env=embedded_env(home),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    database = home / "keystone.sqlite3"
-    deadline = time.monotonic() + 60
-    running = 0
-    while running < 2:  # this process and the forked one are each inside an agent
-        assert time.monotonic() < deadline, "the executions never started"
-        time.sleep(0.2)
-        if database.exists():
-            with sqlite3.connect(database) as db, contextlib.suppress(sqlite3.OperationalError):
-                running = db.execute(
-                    "SELECT COUNT(*) FROM evaluations_execution WHERE status = 'running'"
-                ).fetchone()[0]
+    process, database = _two_agents_running(tmp_path)  # one in each process
     [child] = _python_children(process.pid)
     os.kill(child, signal.SIGKILL)
     _, err = process.communicate(timeout=90)  # not the agents' 120 s
