@@ -27,6 +27,7 @@ from evaluations.models import (
     Run,
     RunStatus,
 )
+from evaluations.services import statements
 from evaluations.services.finalize import deferred_invariants
 from evaluations.services.recording import (
     execution_orphan_files_remove,
@@ -45,16 +46,27 @@ class InfrastructureError(Exception):
 _CELERY_TASK_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
+# The claim's test that the execution's run still runs (a cancelled run's are never taken).
+_OF_A_RUNNING_RUN = "run_id IN (SELECT id FROM evaluations_run WHERE status = %s)"
+
+
 def execution_claim(*, execution_id: int, worker: str) -> bool:
     """Take an execution for this worker: a conditional UPDATE, so exactly one worker wins.
     A running execution whose lease expired (its worker died), or whose Celery task came
     back after its process died, can be taken again."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
-    active_run = Q(run__status=RunStatus.RUNNING)
-    fresh = Execution.objects.filter(active_run, pk=execution_id, status=ExecutionStatus.PENDING)
-    if fresh.update(
-        status=ExecutionStatus.RUNNING, claimed_by=worker, lease_expires=lease, started=now
+    if statements.update(
+        Execution,
+        where={"id": execution_id, "status": ExecutionStatus.PENDING},
+        values={
+            "status": ExecutionStatus.RUNNING,
+            "claimed_by": worker,
+            "lease_expires": lease,
+            "started": now,
+        },
+        condition=_OF_A_RUNNING_RUN,
+        condition_params=[RunStatus.RUNNING],
     ):
         return True
     # Celery redelivers a task only when the process that held it died (acks_late with reject
@@ -65,7 +77,7 @@ def execution_claim(*, execution_id: int, worker: str) -> bool:
     if _CELERY_TASK_ID.fullmatch(task_id):
         stale |= Q(claimed_by__endswith=f":{task_id}")
     expired = Execution.objects.filter(
-        stale, active_run, pk=execution_id, status=ExecutionStatus.RUNNING
+        stale, run__status=RunStatus.RUNNING, pk=execution_id, status=ExecutionStatus.RUNNING
     )
     if not expired.update(
         claimed_by=worker, lease_expires=lease, started=now, attempt=F("attempt") + 1

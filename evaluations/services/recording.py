@@ -11,7 +11,6 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from checks.artifact import RunArtifact
@@ -31,6 +30,7 @@ from evaluations.models import (
     artifact_upload_to,
     sha256_hex,
 )
+from evaluations.services import statements
 from evaluations.services.runs import run_warning_add
 
 
@@ -83,9 +83,11 @@ def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: E
     artifacts = _write_artifact_files(execution, artifact)
     try:
         with transaction.atomic():
-            owned = Execution.objects.filter(
-                pk=execution.pk, claimed_by=worker, status=ExecutionStatus.RUNNING
-            ).update(**fields)
+            owned = statements.update(
+                Execution,
+                where={"id": execution.pk, "claimed_by": worker, "status": ExecutionStatus.RUNNING},
+                values=fields,
+            )
             if owned:
                 CheckResult.objects.bulk_create(results)
                 Artifact.objects.bulk_create(artifacts)
@@ -152,10 +154,13 @@ def execution_record_error(*, execution_id: int, worker: str, error: str) -> Non
 def _count_done(run_id: int) -> None:
     """Count one more finished execution; the last one hands the run to run_finalize. Two
     UPDATEs, no read: the second moves the run on only when the count reached the plan."""
-    Run.objects.filter(pk=run_id).update(executions_done=F("executions_done") + 1)
-    last = Run.objects.filter(
-        pk=run_id, status=RunStatus.RUNNING, executions_done__gte=F("execution_count")
-    ).update(status=RunStatus.FINALIZING)
+    statements.update(Run, where={"id": run_id}, values={"executions_done": statements.Add(1)})
+    last = statements.update(
+        Run,
+        where={"id": run_id, "status": RunStatus.RUNNING},
+        values={"status": RunStatus.FINALIZING},
+        condition="executions_done >= execution_count",
+    )
     if last:
         queue.run_finalize_later(run_id)
 

@@ -1,0 +1,97 @@
+"""The prepared UPDATEs of the per-execution path write what the ORM's own UPDATE writes:
+datetimes, JSON, NULL and increments read back the same, on PostgreSQL and on SQLite."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from evaluations import services
+from evaluations.models import Execution, ExecutionStatus, Project, Run, RunStatus, Trigger
+from evaluations.services import statements
+
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
+
+SPEC = """\
+version: 1
+id: statements
+task: {prompts: ["a", "b"]}
+agent: {type: command, command: "true"}
+sandbox: {backend: local}
+invariants:
+  completes: {description: it ran, check: {type: completes}}
+"""
+
+
+def planned_run(tmp_path) -> Run:
+    project = Project.objects.create(name="statements", slug="statements")
+    version = services.spec_version_create(project=project, source_yaml=SPEC)
+    run = services.run_create(
+        spec_version=version, trigger=Trigger.CLI, enqueue=False, spec_dir=str(tmp_path)
+    )
+    services.run_plan(run_id=run.pk)
+    run.refresh_from_db()
+    return run
+
+
+def test_values_read_back_as_the_orm_writes_them(tmp_path) -> None:
+    run = planned_run(tmp_path)
+    execution = run.executions.order_by("id").first()
+    finished = datetime(2026, 11, 25, 23, 59, 58, 123456, tzinfo=UTC)
+    sequence = [{"name": "lookup", "arguments": {"q": "é\u2603", "n": [1, 2.5, None]}}]
+    changed = statements.update(
+        Execution,
+        where={"id": execution.pk, "status": ExecutionStatus.PENDING},
+        values={
+            "status": ExecutionStatus.SUCCESS,
+            "finished": finished,
+            "tool_sequence": sequence,
+            "composite": 0.25,
+            "passed": True,
+            "lease_expires": None,
+            "final_output": 'it\'s done; 100% "quoted"',
+        },
+    )
+    assert changed == 1
+    stored = Execution.objects.get(pk=execution.pk)
+    assert stored.status == ExecutionStatus.SUCCESS
+    assert stored.finished == finished
+    assert stored.tool_sequence == sequence
+    assert (stored.composite, stored.passed, stored.lease_expires) == (0.25, True, None)
+    assert stored.final_output == 'it\'s done; 100% "quoted"'
+
+
+def test_a_row_that_fails_a_test_is_not_changed(tmp_path) -> None:
+    run = planned_run(tmp_path)
+    execution = run.executions.order_by("id").first()
+    assert not statements.update(
+        Execution,
+        where={"id": execution.pk, "status": ExecutionStatus.RUNNING},
+        values={"status": ExecutionStatus.ERROR},
+    )
+    assert not statements.update(
+        Execution,
+        where={"id": execution.pk},
+        values={"status": ExecutionStatus.ERROR},
+        condition="run_id IN (SELECT id FROM evaluations_run WHERE status = %s)",
+        condition_params=[RunStatus.CANCELLED],
+    )
+    assert Execution.objects.get(pk=execution.pk).status == ExecutionStatus.PENDING
+
+
+def test_add_increments_the_column_and_conditions_compare_columns(tmp_path) -> None:
+    run = planned_run(tmp_path)
+    assert run.execution_count > 1
+    for _ in range(run.execution_count - 1):
+        statements.update(Run, where={"id": run.pk}, values={"executions_done": statements.Add(1)})
+    reached = {
+        "where": {"id": run.pk, "status": RunStatus.RUNNING},
+        "values": {"status": RunStatus.FINALIZING},
+        "condition": "executions_done >= execution_count",
+    }
+    assert statements.update(Run, **reached) == 0  # one short of the plan
+    statements.update(Run, where={"id": run.pk}, values={"executions_done": statements.Add(1)})
+    assert statements.update(Run, **reached) == 1
+    run.refresh_from_db()
+    assert (run.executions_done, run.status) == (run.execution_count, RunStatus.FINALIZING)
