@@ -228,7 +228,9 @@ def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
     # The jobs shared out: this process's threads first, then each forked process's.
     threads = [jobs // processes + (index < jobs % processes) for index in range(processes)]
     context = multiprocessing.get_context("fork")
-    work = _SharedWork(execution_ids, context.Value("i", 0), context.Event(), context.Queue())
+    work = _SharedWork(
+        run_id, execution_ids, context.Value("i", 0), context.Event(), context.Queue()
+    )
     connections.close_all()  # a forked process must not share this process's connections
     children = [
         context.Process(target=_execute_in_child, args=(work, count), daemon=True)
@@ -289,7 +291,10 @@ class _SharedWork:
     one to take (an index into the ids every process has), whether to stop, and what each
     finished with, as the progress line needs it (or the exception that stopped a thread)."""
 
-    def __init__(self, execution_ids: list[int], taken: Any, stopping: Any, finished: Any):
+    def __init__(
+        self, run_id: int, execution_ids: list[int], taken: Any, stopping: Any, finished: Any
+    ):
+        self.run_id = run_id
         self.execution_ids = execution_ids
         self.taken = taken
         self.stopping = stopping
@@ -309,12 +314,17 @@ class _SharedWork:
         from django.db import connections
 
         from evaluations import services
+        from evaluations.models import Run
 
         worker = f"cli:{os.getpid()}"
+        run = None  # read once for all the executions this thread takes, not once for each
         try:
             while (execution_id := self.next_id()) is not None:
                 try:
-                    done = services.execution_execute(execution_id=execution_id, worker=worker)
+                    run = run or Run.objects.select_related("spec_version").get(pk=self.run_id)
+                    done = services.execution_execute(
+                        execution_id=execution_id, worker=worker, run=run
+                    )
                 except BaseException as exc:  # handed to the main thread, which raises it
                     self.finished.put(_picklable(exc))
                     return

@@ -31,7 +31,7 @@ from evaluations.models import (
     sha256_hex,
 )
 from evaluations.services import statements
-from evaluations.services.runs import run_warning_add
+from evaluations.services.runs import run_warning_note
 
 
 def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: EngineSpec) -> None:
@@ -76,10 +76,7 @@ def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: E
     # Before the results: the last execution's commit finalises the run (at once, without
     # a broker), and the run's report carries its warnings.
     for warning in outcome.warnings:
-        # Every execution of a run usually meets the same warnings: the run read at the
-        # start of this execution spares a query for each one it already carries.
-        if warning and warning not in execution.run.warnings:
-            run_warning_add(run_id=execution.run_id, warning=warning)
+        run_warning_note(execution.run, warning)
     artifacts = _write_artifact_files(execution, artifact)
     try:
         with transaction.atomic():

@@ -314,6 +314,15 @@ def run_rerun_failed(
     )
 
 
+def run_warning_note(run: Run, warning: str) -> None:
+    """Add `warning` to the run unless this copy of it carries it already; the copy learns
+    it too. An execution's warnings are usually its run's (every execution meets the same
+    sandbox): whoever runs many executions of one run with one copy of it adds each once."""
+    if warning and warning not in run.warnings:
+        run_warning_add(run_id=run.pk, warning=warning)
+        run.warnings = [*run.warnings, warning]
+
+
 def run_warning_add(*, run_id: int, warning: str) -> None:
     # Most calls repeat a warning the run has (every execution of it meets the same sandbox):
     # a plain read first spares them a write transaction, which SQLite serialises.
