@@ -86,8 +86,8 @@ def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: E
                 values=fields,
             )
             if owned:
-                CheckResult.objects.bulk_create(results)
-                Artifact.objects.bulk_create(artifacts)
+                statements.insert(CheckResult, results)
+                statements.insert(Artifact, artifacts)
                 _count_done(execution.run_id)
     except IntegrityError:  # results of this execution were stored already
         owned = 0

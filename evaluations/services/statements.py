@@ -1,12 +1,12 @@
-"""The UPDATEs every execution runs, their SQL built once.
+"""The writes every execution makes, their SQL built once.
 
-Each execution is claimed, recorded and counted by a handful of UPDATEs. The ORM compiles
-each one again on every call, 0.1-0.5 ms of Python apiece: about a fifth of Keystone's own
-CPU time per no-op execution, all of it holding the GIL (issue 18). `update` runs the
-statement the ORM would: the model's table and column names, its text cached by the fields
-it sets and tests, and each value adapted by its field's `get_db_prep_save`, as the ORM's
-UPDATE compiler does (datetimes for SQLite, JSON for each backend). Only tests of equality
-and a fixed SQL condition; any other UPDATE stays with the ORM.
+Each execution is claimed, recorded and counted by a handful of UPDATEs and INSERTs. The
+ORM compiles each one again on every call, 0.1-0.5 ms of Python apiece: together about a
+fifth of Keystone's own CPU time per no-op execution, all of it holding the GIL (issue 18).
+`update` and `insert` run the statement the ORM would: the model's table and column names,
+the text cached by its shape, and each value adapted by its field's `pre_save` (inserts) and
+`get_db_prep_save`, as the ORM's compilers do (datetimes for SQLite, JSON for each backend).
+Updates test equality and a fixed SQL condition only; any other write stays with the ORM.
 """
 
 from __future__ import annotations
@@ -55,6 +55,40 @@ def update(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
+
+
+def insert(model: type[Model], rows: Sequence[Model]) -> None:
+    """INSERT `rows` (instances of `model`, primary keys left to the database), as many to
+    a statement as the database takes (as `bulk_create` would), without reading the new
+    keys back."""
+    connection = connections[router.db_for_write(model)]
+    fields = _inserted_fields(model)
+    size = max(1, connection.ops.bulk_batch_size(list(fields), list(rows)))
+    for start in range(0, len(rows), size):
+        batch = rows[start : start + size]
+        params = [
+            field.get_db_prep_save(field.pre_save(row, True), connection)
+            for row in batch
+            for field in fields
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(_insertion(model, connection.alias, len(batch)), params)
+
+
+@cache
+def _inserted_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    return tuple(field for field in model._meta.concrete_fields if not field.primary_key)
+
+
+@cache
+def _insertion(model: type[Model], alias: str, count: int) -> str:
+    """The INSERT of `count` rows."""
+    quote = connections[alias].ops.quote_name
+    fields = _inserted_fields(model)
+    columns = ", ".join(quote(field.column) for field in fields)
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    values = ", ".join([row] * count)
+    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {values}"
 
 
 @cache

@@ -8,7 +8,15 @@ from datetime import UTC, datetime
 import pytest
 
 from evaluations import services
-from evaluations.models import Execution, ExecutionStatus, Project, Run, RunStatus, Trigger
+from evaluations.models import (
+    CheckResult,
+    Execution,
+    ExecutionStatus,
+    Project,
+    Run,
+    RunStatus,
+    Trigger,
+)
 from evaluations.services import statements
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
@@ -95,3 +103,39 @@ def test_add_increments_the_column_and_conditions_compare_columns(tmp_path) -> N
     assert statements.update(Run, **reached) == 1
     run.refresh_from_db()
     assert (run.executions_done, run.status) == (run.execution_count, RunStatus.FINALIZING)
+
+
+def test_inserted_rows_read_back_as_bulk_create_writes_them(tmp_path) -> None:
+    """More rows than one statement takes on SQLite (66 of these), with JSON, text the SQL
+    must not misread and the defaults filled in."""
+    run = planned_run(tmp_path)
+    first, second = run.executions.order_by("id")[:2]
+
+    def results(execution: Execution) -> list[CheckResult]:
+        return [
+            CheckResult(
+                execution=execution,
+                run=run,
+                invariant_id=f"invariant_{index}",
+                check_type="contains",
+                score=index / 150,
+                passed=index % 2 == 0,
+                message=f'it\'s %s {index}; "quoted" é',
+                details={"expected": ["a", None, 1.5], "index": index},
+                dimensions=["x"] if index % 3 else [],
+            )
+            for index in range(150)
+        ]
+
+    statements.insert(CheckResult, results(first))
+    CheckResult.objects.bulk_create(results(second))
+
+    def stored(execution: Execution) -> list[tuple]:
+        fields = ["invariant_id", "check_type", "score", "passed", "failure_code", "message"]
+        fields += ["details", "severity", "weight", "gate", "dimensions", "source", "run_id"]
+        return list(execution.check_results.order_by("invariant_id").values_list(*fields))
+
+    assert len(stored(first)) == 150
+    assert stored(first) == stored(second)
+    assert all(row.created is not None for row in first.check_results.all())
+    statements.insert(CheckResult, [])  # nothing to insert: no statement, no error
