@@ -112,7 +112,7 @@ def digest_markdown(project: Project, *, end: datetime, base_url: str = "") -> s
         "",
         f"- Backlog: {backlog} open item(s), {adjudication} of them awaiting adjudication",
     ]
-    for judge in review_agreement(project):
+    for judge in review_agreement(project, with_trend=False):
         kappa = judge.agreement.kappa
         version = f" / prompt {judge.prompt_version}" if judge.prompt_version else ""
         lines.append(
