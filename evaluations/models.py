@@ -841,6 +841,12 @@ class ReviewItem(models.Model):
             models.Index(
                 fields=["project", "status", "completed", "id"], name="reviewitem_done_idx"
             ),
+            # The queue's counts per status with a spec filter (and a criteria one): each
+            # reads its up to COUNT_CAP + 1 entries here, not the spec's items of every status.
+            models.Index(
+                fields=["project", "status", "spec", "invariant_id"],
+                name="reviewitem_filter_idx",
+            ),
             # The criteria drop-down: a skip scan over the distinct invariant ids.
             models.Index(fields=["project", "invariant_id"], name="reviewitem_criteria_idx"),
             # "n open items being graded now": the claimed few, not every open item.

@@ -24,7 +24,7 @@ from evaluations.models import (
     ReviewVerdict,
     Spec,
 )
-from evaluations.selectors.bounds import capped_count
+from evaluations.selectors.bounds import capped_counts
 from evaluations.selectors.executions import LLM_MESSAGES_SHOWN, message_line
 from evaluations.selectors.runs import RunCursor
 
@@ -113,28 +113,30 @@ def _optional_int(value: Any) -> int | None:
 
 def review_counts(project: Project, filters: ReviewFilters) -> dict[str, int]:
     """Items per status, and open items someone holds a live claim on, each capped
-    (capped_count): every count reads at most COUNT_CAP + 1 entries of an index."""
+    (capped_counts, one query): every count reads at most COUNT_CAP + 1 entries of an
+    index."""
     items = filters.apply(ReviewItem.objects.filter(project=project))
-    counts = {status: capped_count(items.filter(status=status)) for status in ReviewStatus.values}
-    counts["claimed"] = capped_count(
-        items.filter(status=ReviewStatus.OPEN, claim_expires__gt=timezone.now())
-    )
-    return counts
+    counted = {status: items.filter(status=status) for status in ReviewStatus.values}
+    counted["claimed"] = items.filter(status=ReviewStatus.OPEN, claim_expires__gt=timezone.now())
+    return capped_counts(counted)
 
 
 def review_progress(project: Project, user: Any, filters: ReviewFilters) -> dict[str, int]:
     """This reviewer's way through the queue: items they graded, and those graded plus those
-    still open for them (the total), under the queue's filters. Both capped
-    (capped_count)."""
+    still open for them (the total), under the queue's filters. Both capped, in one query
+    (capped_counts)."""
     items = filters.apply(ReviewItem.objects.filter(project=project))
-    graded = capped_count(ReviewVerdict.objects.filter(reviewer=user, item__in=items.values("id")))
-    # An open item this reviewer graded waits for someone else's grade: not left for them.
-    left = capped_count(
-        items.filter(status=ReviewStatus.OPEN).exclude(
-            Exists(ReviewVerdict.objects.filter(item=OuterRef("pk"), reviewer=user))
-        )
+    counts = capped_counts(
+        {
+            "graded": ReviewVerdict.objects.filter(reviewer=user, item__in=items.values("id")),
+            # An open item this reviewer graded waits for someone else's grade: not left
+            # for them.
+            "left": items.filter(status=ReviewStatus.OPEN).exclude(
+                Exists(ReviewVerdict.objects.filter(item=OuterRef("pk"), reviewer=user))
+            ),
+        }
     )
-    return {"graded": graded, "total": graded + left}
+    return {"graded": counts["graded"], "total": counts["graded"] + counts["left"]}
 
 
 def review_grades(project: Project, filters: ReviewFilters) -> Any:

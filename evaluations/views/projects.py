@@ -98,6 +98,7 @@ def overview(request: HttpRequest, project_slug: str) -> HttpResponse:
     which polls itself while a run is still going."""
     access = project_for(request, project_slug)
     runs = selectors.latest_runs(access.project)
+    charts.link_run_rows(runs, access.project.slug)
     context: dict[str, Any] = {
         "access": access,
         "runs": runs,
