@@ -17,6 +17,7 @@ from evaluations.models import (
     Membership,
     Project,
     ResultChange,
+    ReviewAgreementDay,
     ReviewItem,
     ReviewVerdict,
     Run,
@@ -158,6 +159,14 @@ class ReviewItemAdmin(admin.ModelAdmin):
     list_filter = ["status", "reason"]
     raw_id_fields = ["run", "execution", "check_result", "claimed_by", "sent_by"]
     inlines = [ReviewVerdictInline]
+
+    def save_model(self, request: HttpRequest, obj: ReviewItem, form: Any, change: bool) -> None:
+        # An operator may change an item's status or grades here: agreement's daily tallies
+        # take back what the item counted for before and count what it is now.
+        if change:
+            ReviewAgreementDay.tally(ReviewItem.objects.get(pk=obj.pk), sign=-1)
+        super().save_model(request, obj, form, change)
+        ReviewAgreementDay.tally(obj, sign=1)
 
 
 @admin.register(ResultChange)

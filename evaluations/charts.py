@@ -167,6 +167,20 @@ def id_paths(view_name: str, project_slug: str) -> Callable[[int], str]:
     return path
 
 
+def link_run_rows(runs: Sequence[Any], project_slug: str) -> None:
+    """Give each run of a table its page's path (`run.url`) and its spec's (`run.spec_url`),
+    from URLs reversed once per table and spec: a {% url %} per row and link cost more than
+    the rest of the row (~35 µs each)."""
+    run_url = id_paths("run_detail", project_slug)
+    spec_urls: dict[str, str] = {}
+    for run in runs:
+        run.url = run_url(run.pk)
+        slug = run.spec.slug
+        if slug not in spec_urls:
+            spec_urls[slug] = reverse("spec_detail", args=[project_slug, slug])
+        run.spec_url = spec_urls[slug]
+
+
 def lines_over_runs(
     lines: dict[str, Sequence[float | None]],
     runs: Sequence[dict[str, Any]],

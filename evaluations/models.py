@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.text import get_valid_filename
@@ -841,6 +841,12 @@ class ReviewItem(models.Model):
             models.Index(
                 fields=["project", "status", "completed", "id"], name="reviewitem_done_idx"
             ),
+            # The queue's counts per status with a spec filter (and a criteria one): each
+            # reads its up to COUNT_CAP + 1 entries here, not the spec's items of every status.
+            models.Index(
+                fields=["project", "status", "spec", "invariant_id"],
+                name="reviewitem_filter_idx",
+            ),
             # The criteria drop-down: a skip scan over the distinct invariant ids.
             models.Index(fields=["project", "invariant_id"], name="reviewitem_criteria_idx"),
             # "n open items being graded now": the claimed few, not every open item.
@@ -864,6 +870,118 @@ class ReviewItem(models.Model):
 
     def claimed_by_other(self, user: Any, now: Any = None) -> bool:
         return self.claim_is_live(now) and self.claimed_by_id != getattr(user, "pk", None)
+
+
+def counts_for_agreement(item: ReviewItem) -> bool:
+    """Whether this item is one of the judge-human pairs agreement is computed from: complete,
+    with a verdict from both the judge and people, by a named judge."""
+    return (
+        item.status == ReviewStatus.COMPLETE
+        and item.judge_passed is not None
+        and item.final_passed is not None
+        and item.judge_model != ""
+    )
+
+
+class ReviewAgreementDay(models.Model):
+    """The judge-human 2x2 table of the review items of one spec, judge model, criteria and
+    prompt version completed on one day (the date in the current time zone, TIME_ZONE): what
+    agreement and its trend are computed from, so they read a few rows per day instead of
+    every completed item. Kept by `tally` when an item completes, is reopened or is deleted.
+
+    Two completions that find no row for their day at the same moment each create one: a
+    key may have more than one row, and readers sum them."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    spec = models.ForeignKey(Spec, on_delete=models.CASCADE, related_name="+")
+    judge_model = models.CharField(max_length=200)
+    criteria = models.TextField(blank=True, default="")
+    prompt_version = models.CharField(max_length=64, blank=True, default="")
+    day = models.DateField()
+    both_pass = models.IntegerField(default=0)
+    both_fail = models.IntegerField(default=0)
+    judge_pass_human_fail = models.IntegerField(default=0)
+    judge_fail_human_pass = models.IntegerField(default=0)
+    absolute_error = models.FloatField(default=0.0)  # |judge score - final score|, summed
+    scored = models.IntegerField(default=0)  # items with both scores: the MAE's n
+
+    class Meta:
+        indexes = [models.Index(fields=["project", "spec", "day"], name="agreementday_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.judge_model} agreement on {self.day}"
+
+    @staticmethod
+    def key_and_counts(item: ReviewItem) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The row one item's pair is counted in (its key fields) and what it adds to it;
+        None when the item does not count for agreement."""
+        if not counts_for_agreement(item):
+            return None
+        # An item completed without a time is counted on the day it is counted.
+        day = timezone.localdate(item.completed or timezone.now())
+        if item.judge_passed:
+            cell = "both_pass" if item.final_passed else "judge_pass_human_fail"
+        else:
+            cell = "judge_fail_human_pass" if item.final_passed else "both_fail"
+        counts: dict[str, Any] = {cell: 1}
+        if item.judge_score is not None and item.final_score is not None:
+            counts["absolute_error"] = abs(item.judge_score - item.final_score)
+            counts["scored"] = 1
+        key = {
+            "project_id": item.project_id,
+            "spec_id": item.spec_id,
+            "judge_model": item.judge_model,
+            "criteria": item.criteria,
+            "prompt_version": item.prompt_version,
+            "day": day,
+        }
+        return key, counts
+
+    @classmethod
+    def tally(cls, item: ReviewItem, *, sign: int) -> None:
+        """Add (sign 1) or take back (sign -1) one item's pair, if it counts for agreement.
+        Call it with the item as it is (or was) complete: after it is completed, and before a
+        completed item is reopened, changed or deleted."""
+        counted = cls.key_and_counts(item)
+        if counted is None:
+            return
+        key, counts = counted
+        # One row of the key, so a key with two rows is not counted twice.
+        row = cls.objects.filter(**key).order_by("pk").values_list("pk", flat=True).first()
+        if row is not None:
+            cls.objects.filter(pk=row).update(
+                **{name: F(name) + sign * value for name, value in counts.items()}
+            )
+        elif sign > 0:
+            cls.objects.create(**key, **counts)
+
+    @classmethod
+    def recount(cls, project: Project) -> None:
+        """Every daily tally of the project again from its completed items: after items
+        were written without the review services (a bulk load), or TIME_ZONE changed."""
+        tallies: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for item in ReviewItem.objects.filter(
+            project=project, status=ReviewStatus.COMPLETE
+        ).iterator(chunk_size=5000):
+            counted = cls.key_and_counts(item)
+            if counted is None:
+                continue
+            key, counts = counted
+            row = tallies.setdefault(tuple(key.values()), {**key})
+            for name, value in counts.items():
+                row[name] = row.get(name, 0) + value
+        with transaction.atomic():
+            cls.objects.filter(project=project).delete()
+            rows = [ReviewAgreementDay(**row) for row in tallies.values()]
+            ReviewAgreementDay.objects.bulk_create(rows, batch_size=1000)
+
+
+def _untally_deleted_item(sender: Any, instance: ReviewItem, **kwargs: Any) -> None:
+    """A deleted item (its run, execution or result deleted, say) no longer counts."""
+    ReviewAgreementDay.tally(instance, sign=-1)
+
+
+models.signals.post_delete.connect(_untally_deleted_item, sender=ReviewItem)
 
 
 class ReviewVerdict(models.Model):

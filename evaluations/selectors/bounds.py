@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection
+
 # Every list here is bounded (a slice or a per-spec window), reads only the columns its page
 # shows, and never scans executions or check results: pages use the per-run aggregates that
 # run_finalize writes (composite, pass_rate, resilience, cost_usd, p95_duration_ms, ...).
@@ -24,6 +26,20 @@ COUNT_CAP = 1000
 def capped_count(queryset: Any, cap: int = COUNT_CAP) -> int:
     """The number of rows, exact up to `cap`; cap + 1 means "more than cap"."""
     return int(queryset.order_by()[: cap + 1].count())
+
+
+def capped_counts(querysets: dict[str, Any], cap: int = COUNT_CAP) -> dict[str, int]:
+    """capped_count of each queryset, by name, in one query: a page that shows four
+    counts waits for the database once, not four times."""
+    parts, params = [], []
+    for queryset in querysets.values():
+        sql, query_params = queryset.order_by().values("pk")[: cap + 1].query.sql_with_params()
+        parts.append(f"(SELECT COUNT(*) FROM ({sql}) AS counted)")
+        params.extend(query_params)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {', '.join(parts)}", params)  # noqa: S608 (the ORM's SQL)
+        row = cursor.fetchone()
+    return {name: int(count) for name, count in zip(querysets, row, strict=True)}
 
 
 def capped_text(count: int, cap: int = COUNT_CAP) -> str:

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Q
 
 from evaluations.models import AlertFiring, FiringStatus, Project, ReviewItem, ReviewStatus, Run
-from evaluations.selectors.bounds import capped_count, capped_text
+from evaluations.selectors.bounds import capped_counts, capped_text
 from evaluations.selectors.regression_report import regression_changes
 from evaluations.selectors.reviews import review_agreement
 
@@ -104,15 +104,17 @@ def digest_markdown(project: Project, *, end: datetime, base_url: str = "") -> s
         lines.append("No completed run this week.")
     # Capped like the queue's own counts: an exact count reads every pending item.
     pending = ReviewItem.objects.filter(project=project).exclude(status=ReviewStatus.COMPLETE)
-    backlog = capped_text(capped_count(pending))
-    adjudication = capped_text(capped_count(pending.filter(status=ReviewStatus.ADJUDICATION)))
+    counts = capped_counts(
+        {"backlog": pending, "adjudication": pending.filter(status=ReviewStatus.ADJUDICATION)}
+    )
+    backlog, adjudication = capped_text(counts["backlog"]), capped_text(counts["adjudication"])
     lines += [
         "",
         "## Review",
         "",
         f"- Backlog: {backlog} open item(s), {adjudication} of them awaiting adjudication",
     ]
-    for judge in review_agreement(project):
+    for judge in review_agreement(project, with_trend=False):
         kappa = judge.agreement.kappa
         version = f" / prompt {judge.prompt_version}" if judge.prompt_version else ""
         lines.append(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Max
+from django.db.models import Case, Max, When
 from django.db.models.fields.json import KeyTransform
 from django.utils.text import slugify
 
@@ -155,11 +155,15 @@ def project_group_changes(
     invariant x scenario cells of the matrix too (the report's per-invariant rows)."""
     baselines = _latest_per_branch(project)
     run_ids = [b["latest_run_id"] for b in baselines]
-    # The matrix (~14 kB of JSON a run) is read only when its cells are compared: the
-    # overview compares groups alone.
-    parts = {"groups": KeyTransform("groups", "summary")}
-    if cells:
-        parts["matrix"] = KeyTransform("matrix", "summary")
+    # A run's matrix (~14 kB of JSON) is read only when its cells are compared: not for the
+    # overview, which compares groups alone, and not for a run whose baseline has no matrix
+    # to compare it with (a baseline promoted by baseline_promote keeps the groups only).
+    with_matrix = [
+        b["latest_run_id"] for b in baselines if cells and (b["data"] or {}).get("matrix")
+    ]
+    parts: dict[str, Any] = {"groups": KeyTransform("groups", "summary")}
+    if with_matrix:
+        parts["matrix"] = Case(When(pk__in=with_matrix, then=KeyTransform("matrix", "summary")))
     current = {
         row["id"]: row
         for row in Run.objects.filter(pk__in=run_ids).annotate(**parts).values("id", *parts)
@@ -174,7 +178,7 @@ def project_group_changes(
         pairs = [(groups_by_key(data.get("groups")), groups_by_key(current[run_id]["groups"]))]
         if cells:
             pairs.append(
-                (cells_by_key(data.get("matrix")), cells_by_key(current[run_id]["matrix"]))
+                (cells_by_key(data.get("matrix")), cells_by_key(current[run_id].get("matrix")))
             )
         for before, after in pairs:
             for key, old in before.items():

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, Exists, F, OuterRef, Q, Sum
-from django.db.models.functions import Abs, Coalesce, Now, TruncDate
+from django.db.models import Count, Exists, OuterRef, Q, Sum
 from django.utils import timezone
 
 from evaluations.agreement import Pair, Tally, cohen_kappa, tally_trend
@@ -19,12 +18,13 @@ from evaluations.models import (
     Execution,
     Project,
     ResultChange,
+    ReviewAgreementDay,
     ReviewItem,
     ReviewStatus,
     ReviewVerdict,
     Spec,
 )
-from evaluations.selectors.bounds import capped_count
+from evaluations.selectors.bounds import capped_counts
 from evaluations.selectors.executions import LLM_MESSAGES_SHOWN, message_line
 from evaluations.selectors.runs import RunCursor
 
@@ -113,28 +113,30 @@ def _optional_int(value: Any) -> int | None:
 
 def review_counts(project: Project, filters: ReviewFilters) -> dict[str, int]:
     """Items per status, and open items someone holds a live claim on, each capped
-    (capped_count): every count reads at most COUNT_CAP + 1 entries of an index."""
+    (capped_counts, one query): every count reads at most COUNT_CAP + 1 entries of an
+    index."""
     items = filters.apply(ReviewItem.objects.filter(project=project))
-    counts = {status: capped_count(items.filter(status=status)) for status in ReviewStatus.values}
-    counts["claimed"] = capped_count(
-        items.filter(status=ReviewStatus.OPEN, claim_expires__gt=timezone.now())
-    )
-    return counts
+    counted = {status: items.filter(status=status) for status in ReviewStatus.values}
+    counted["claimed"] = items.filter(status=ReviewStatus.OPEN, claim_expires__gt=timezone.now())
+    return capped_counts(counted)
 
 
 def review_progress(project: Project, user: Any, filters: ReviewFilters) -> dict[str, int]:
     """This reviewer's way through the queue: items they graded, and those graded plus those
-    still open for them (the total), under the queue's filters. Both capped
-    (capped_count)."""
+    still open for them (the total), under the queue's filters. Both capped, in one query
+    (capped_counts)."""
     items = filters.apply(ReviewItem.objects.filter(project=project))
-    graded = capped_count(ReviewVerdict.objects.filter(reviewer=user, item__in=items.values("id")))
-    # An open item this reviewer graded waits for someone else's grade: not left for them.
-    left = capped_count(
-        items.filter(status=ReviewStatus.OPEN).exclude(
-            Exists(ReviewVerdict.objects.filter(item=OuterRef("pk"), reviewer=user))
-        )
+    counts = capped_counts(
+        {
+            "graded": ReviewVerdict.objects.filter(reviewer=user, item__in=items.values("id")),
+            # An open item this reviewer graded waits for someone else's grade: not left
+            # for them.
+            "left": items.filter(status=ReviewStatus.OPEN).exclude(
+                Exists(ReviewVerdict.objects.filter(item=OuterRef("pk"), reviewer=user))
+            ),
+        }
     )
-    return {"graded": graded, "total": graded + left}
+    return {"graded": counts["graded"], "total": counts["graded"] + counts["left"]}
 
 
 def review_grades(project: Project, filters: ReviewFilters) -> Any:
@@ -385,43 +387,42 @@ class AgreementRow:
     trend: list[Any]  # evaluations.agreement.TrendPoint
 
 
-def review_agreement(project: Project, *, spec: Spec | None = None) -> list[AgreementRow]:
+def review_agreement(
+    project: Project, *, spec: Spec | None = None, with_trend: bool = True
+) -> list[AgreementRow]:
     """Judge-human agreement per (judge model, criteria, prompt version), from completed
-    items whose judge gave a verdict, with a cumulative trend by day. One query: the
-    database counts each group's 2x2 table per day, so the rows read do not grow with the
-    items graded."""
-    items = ReviewItem.objects.filter(
-        project=project,
-        status=ReviewStatus.COMPLETE,
-        judge_passed__isnull=False,
-        final_passed__isnull=False,
-    ).exclude(judge_model="")
+    items whose judge gave a verdict, with a cumulative trend by day (an empty one without
+    `with_trend`: the digest shows the totals only). One query of the daily tallies kept as
+    items complete (ReviewAgreementDay): the rows read grow with the days graded, not with
+    the items."""
+    days = ReviewAgreementDay.objects.filter(project=project)
     if spec is not None:
-        items = items.filter(spec=spec)
-    scored = Q(judge_score__isnull=False, final_score__isnull=False)
+        days = days.filter(spec=spec)
+    # Summed per day: a day has one row per spec (and now and then two for one spec).
     rows = (
-        items.order_by()
-        .annotate(day=TruncDate(Coalesce("completed", Now())))
+        days.order_by()
         .values("judge_model", "criteria", "prompt_version", "day")
         .annotate(
-            both_pass=Count("id", filter=Q(judge_passed=True, final_passed=True)),
-            both_fail=Count("id", filter=Q(judge_passed=False, final_passed=False)),
-            judge_only=Count("id", filter=Q(judge_passed=True, final_passed=False)),
-            human_only=Count("id", filter=Q(judge_passed=False, final_passed=True)),
-            absolute_error=Sum(Abs(F("judge_score") - F("final_score")), filter=scored),
-            scored=Count("id", filter=scored),
+            both_pass_sum=Sum("both_pass"),
+            both_fail_sum=Sum("both_fail"),
+            judge_only_sum=Sum("judge_pass_human_fail"),
+            human_only_sum=Sum("judge_fail_human_pass"),
+            absolute_error_sum=Sum("absolute_error"),
+            scored_sum=Sum("scored"),
         )
     )
     groups: dict[tuple[str, str, str], list[tuple[Any, Tally]]] = defaultdict(list)
     for row in rows:
         tally = Tally(
-            both_pass=row["both_pass"],
-            both_fail=row["both_fail"],
-            judge_pass_human_fail=row["judge_only"],
-            judge_fail_human_pass=row["human_only"],
-            absolute_error=float(row["absolute_error"] or 0.0),
-            scored=row["scored"],
+            both_pass=row["both_pass_sum"],
+            both_fail=row["both_fail_sum"],
+            judge_pass_human_fail=row["judge_only_sum"],
+            judge_fail_human_pass=row["human_only_sum"],
+            absolute_error=float(row["absolute_error_sum"] or 0.0),
+            scored=row["scored_sum"],
         )
+        if tally.n == 0:
+            continue  # every item counted that day was reopened since: no pairs
         groups[(row["judge_model"], row["criteria"], row["prompt_version"])].append(
             (row["day"], tally)
         )
@@ -431,7 +432,7 @@ def review_agreement(project: Project, *, spec: Spec | None = None) -> list[Agre
             criteria=criteria,
             prompt_version=version,
             agreement=sum((tally for _, tally in daily), Tally()).agreement(),
-            trend=tally_trend(daily),
+            trend=tally_trend(daily) if with_trend else [],
         )
         for (model, criteria, version), daily in sorted(groups.items())
     ]

@@ -19,6 +19,7 @@ from evaluations.models import (
     ExecutionStatus,
     ResultChange,
     ResultSource,
+    ReviewAgreementDay,
     ReviewItem,
     ReviewStatus,
     ReviewVerdict,
@@ -260,6 +261,7 @@ def _review_apply(
     item.claimed_by = None
     item.claim_expires = None
     item.save()
+    ReviewAgreementDay.tally(item, sign=1)
 
     _execution_rescore(execution, run, execution_record)
     if run.status == RunStatus.COMPLETED:
@@ -307,6 +309,7 @@ def review_undo(*, item_id: int, user: Any) -> ReviewItem:
             )
         if locked.status == ReviewStatus.COMPLETE:
             _review_unapply(locked, user=user)
+            ReviewAgreementDay.tally(locked, sign=-1)  # while it still reads as complete
         mine.delete()
         locked.status = ReviewStatus.OPEN
         locked.final_passed = None

@@ -105,6 +105,7 @@ def queue(request: HttpRequest, project_slug: str) -> HttpResponse:
     except ValueError:
         after = None  # a mangled link starts at the first page
     page = selectors.review_queue_page(access.project, filters, status=status, after=after)
+    choices = selectors.review_filter_choices(access.project)
     item_url = charts.id_paths("review_item", access.project.slug)
     for item in page.items:  # one reversed URL for the 50 rows' links
         item.url = item_url(item.pk)
@@ -123,7 +124,10 @@ def queue(request: HttpRequest, project_slug: str) -> HttpResponse:
             if page.next_cursor is not None
             else ""
         ),
-        "choices": selectors.review_filter_choices(access.project),
+        "choices": choices,
+        # The run drop-down's 100 ids as text, and which one is chosen: an int in a
+        # template goes through number localization, twice an option.
+        "run_choices": [(str(run_id), run_id == filters.run) for run_id in choices["runs"]],
     }
     template = page_or_region(request, "review/queue.html", "queue-region")
     return render(request, template, context)
@@ -151,7 +155,10 @@ def _item_or_404(access: ProjectAccess, item_id: int) -> ReviewItem:
             "check_result",
             "claimed_by",
             "adjudicated_by",
-        ),
+        )
+        # The page reads the run's spec version only: not its summary (~60 kB of JSON
+        # the database decompresses and Python decodes).
+        .defer("run__summary"),
         project=access.project,
         pk=item_id,
     )

@@ -121,16 +121,8 @@ def run_list(request: HttpRequest, project_slug: str) -> HttpResponse:
     first_query = request.GET.copy()
     first_query.pop("after", None)
     runs = page.runs if page else []
-    # Each row's two links from URLs reversed once (per page, per spec): a {% url %} per
-    # row and link was a tenth of the page's time.
-    run_url = charts.id_paths("run_detail", access.project.slug)
-    spec_urls: dict[str, str] = {}
-    for run in runs:
-        run.url = run_url(run.pk)  # type: ignore[attr-defined]
-        slug = run.spec.slug
-        if slug not in spec_urls:
-            spec_urls[slug] = reverse("spec_detail", args=[access.project.slug, slug])
-        run.spec_url = spec_urls[slug]  # type: ignore[attr-defined]
+    # Each row's two links from URLs reversed once: a tenth of the page's time otherwise.
+    charts.link_run_rows(runs, access.project.slug)
     context = {
         "access": access,
         "form": form,

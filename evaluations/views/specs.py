@@ -96,6 +96,7 @@ def _detail_context(
     latest = selectors.spec_latest_version(spec)
     versions = selectors.spec_versions(spec)
     runs = selectors.latest_runs(access.project, spec=spec, limit=selectors.SPEC_RUNS)
+    charts.link_run_rows(runs, access.project.slug)
     return {
         "access": access,
         "spec": spec,

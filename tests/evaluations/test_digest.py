@@ -17,6 +17,7 @@ from evaluations.models import (
     Digest,
     FiringStatus,
     Project,
+    ReviewAgreementDay,
     ReviewItem,
     ReviewStatus,
 )
@@ -93,6 +94,9 @@ def seed(project: Project) -> None:
             final_passed=final_passed,
             completed=WEEK_END - timedelta(days=1),
         )
+    # Graded here by updating the items, not through the review services that keep
+    # agreement's daily tallies: count them from the items.
+    ReviewAgreementDay.recount(project)
     channel = services.alert_channel_create(
         project=project, name="ops", kind="email", target="ops@example.com"
     )

@@ -625,3 +625,27 @@ def test_counts_stop_at_the_cap_and_read_as_more_than_it(world: Run) -> None:
     assert queued.count() == 3
     assert capped_count(queued, cap=5) == 3 and capped_text(3, cap=5) == "3"
     assert capped_count(queued, cap=2) == 3 and capped_text(3, cap=2) == "2+"
+
+
+def test_the_queues_counts_are_one_query_and_capped_each(
+    world: Run, django_assert_num_queries: Any
+) -> None:
+    from evaluations import selectors
+    from evaluations.selectors.bounds import capped_count, capped_counts
+
+    queued = ReviewItem.objects.filter(run=world)
+    first = queued.order_by("id").first()
+    assert first is not None
+    counted = {
+        "all": queued,
+        "first": queued.filter(pk=first.pk),
+        "none": queued.filter(pk=-1),
+        "with a join": queued.filter(spec__slug=first.spec.slug),
+    }
+    with django_assert_num_queries(1):
+        counts = capped_counts(counted, cap=2)
+    assert counts == {"all": 3, "first": 1, "none": 0, "with a join": 3}
+    assert counts == {name: capped_count(q, cap=2) for name, q in counted.items()}
+    project = world.project
+    with django_assert_num_queries(1):
+        selectors.review_counts(project, selectors.ReviewFilters())
