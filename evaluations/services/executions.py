@@ -4,6 +4,7 @@ recording; leases of dead workers are re-queued."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import threading
@@ -311,7 +312,7 @@ class _Leases:
         self._wake = threading.Condition(self._lock)
         self._held: list[_Lease] = []
         self._thread: threading.Thread | None = None
-        self._pid = 0
+        self._next_round = math.inf  # when the thread wakes next (time.monotonic())
 
     @staticmethod
     def _interval() -> float:
@@ -321,12 +322,11 @@ class _Leases:
         lease = _Lease(execution_id, worker, sandbox, time.monotonic() + self._interval())
         with self._lock:
             self._held.append(lease)
-            if self._pid != os.getpid():  # no thread yet, or the parent's (this is a fork)
-                self._pid = os.getpid()
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
                 self._thread.start()
-            elif len(self._held) == 1:
-                self._wake.notify()  # it waits for a lease to hold
+            elif lease.due < self._next_round:  # idle, or waiting longer than this one may
+                self._wake.notify()
         return lease
 
     def release(self, lease: _Lease) -> None:
@@ -337,12 +337,18 @@ class _Leases:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._held:
-                    self._wake.wait()
                 due = [lease for lease in self._held if lease.due <= time.monotonic()]
                 if not due:
-                    self._wake.wait(min(lease.due for lease in self._held) - time.monotonic())
+                    self._next_round = min((lease.due for lease in self._held), default=math.inf)
+                    self._wake.wait(
+                        None
+                        if self._next_round == math.inf
+                        else self._next_round - time.monotonic()
+                    )
+                    self._next_round = math.inf
                     continue
+                for lease in due:  # before any database work, which may fail
+                    lease.due = time.monotonic() + self._interval()
             try:
                 self._renew(due)
             except Exception:  # the database went away for a while: the next round retries
@@ -353,7 +359,6 @@ class _Leases:
 
         try:
             for lease in due:
-                lease.due = time.monotonic() + self._interval()
                 expires = timezone.now() + timedelta(
                     seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS
                 )
@@ -372,6 +377,16 @@ class _Leases:
 
 
 _leases = _Leases()
+
+
+def _leases_of_a_forked_process() -> None:
+    """A forked process (keystone run's, a Celery worker's) starts with no lease thread, none
+    of its parent's leases, and a lock that no thread of the parent can be holding."""
+    global _leases
+    _leases = _Leases()
+
+
+os.register_at_fork(after_in_child=_leases_of_a_forked_process)
 
 
 def execution_requeue_expired(*, enqueue: bool = True) -> list[int]:

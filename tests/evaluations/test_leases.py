@@ -1,0 +1,67 @@
+"""Leases of running executions: renewed while their agents run, by one thread per process
+whatever the number of executions (issue 18: a thread per execution cost each one a start
+and a join), and given up when the execution is recorded. Rows are committed
+(transaction=True): the renewing thread has its own connection."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from evaluations import services
+from evaluations.models import Execution, ExecutionStatus, Project, Trigger
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+SPEC = """\
+version: 1
+id: leases
+task: {prompts: ["a", "b"]}
+agent: {type: command, command: "sleep 3.5; echo done", timeout: 60}
+sandbox: {backend: local}
+invariants:
+  completes: {description: it ran, check: {type: completes}}
+"""
+
+
+def test_running_executions_have_their_leases_renewed_by_one_thread(
+    settings: Any, tmp_path: Path
+) -> None:
+    settings.KEYSTONE_EXECUTION_LEASE_SECONDS = 3  # renewed every second
+    project = Project.objects.create(name="leases", slug="leases")
+    version = services.spec_version_create(project=project, source_yaml=SPEC)
+    run = services.run_create(
+        spec_version=version, trigger=Trigger.CLI, enqueue=False, spec_dir=str(tmp_path)
+    )
+    ids = services.run_plan(run_id=run.pk)
+    assert len(ids) == 2
+
+    def execute(execution_id: int) -> None:
+        try:
+            services.execution_execute(execution_id=execution_id, worker="leases:1")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=execute, args=(i,)) for i in ids]
+    for thread in threads:
+        thread.start()
+    seen: dict[int, set[Any]] = {i: set() for i in ids}
+    while any(thread.is_alive() for thread in threads):
+        for execution_id, expires in Execution.objects.filter(
+            pk__in=ids, status=ExecutionStatus.RUNNING
+        ).values_list("pk", "lease_expires"):
+            seen[execution_id].add(expires)
+        time.sleep(0.1)
+    for thread in threads:
+        thread.join()
+    # The claim's lease, then at least two renewals in 3.5 s, each one later than the last.
+    assert all(len(leases) >= 3 for leases in seen.values()), seen
+    done = Execution.objects.filter(pk__in=ids)
+    assert all(e.status == ExecutionStatus.SUCCESS and e.lease_expires is None for e in done)
+    lease_threads = [t for t in threading.enumerate() if t.name == "leases"]
+    assert len(lease_threads) == 1
