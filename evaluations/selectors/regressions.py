@@ -113,15 +113,20 @@ def project_regressions(project: Project) -> list[Regression]:
     return project_group_changes(project)[0]
 
 
-def _latest_per_branch(project: Project) -> list[dict[str, Any]]:
+def _latest_per_branch(project: Project, *, cells: bool) -> list[dict[str, Any]]:
     """Each (spec, branch) of the project's specs with an active baseline: the baseline that
-    branch compares with (its own, else main's, as active_baseline_for decides) and the
-    branch's latest completed run. Runs with no branch label are main's."""
+    branch compares with (its own, else main's, as active_baseline_for decides), its groups
+    (and with `cells` its matrix), and the branch's latest completed run. Runs with no
+    branch label are main's."""
+    # Only the parts of the baseline's data compared: its matrix is ~14 kB of JSON.
+    parts = {"groups": KeyTransform("groups", "data")}
+    if cells:
+        parts["matrix"] = KeyTransform("matrix", "data")
     baselines = {
         (b["spec_id"], b["branch"]): b
-        for b in Baseline.objects.filter(project=project, active=True).values(
-            "name", "spec_id", "spec__slug", "branch", "run_id", "data"
-        )
+        for b in Baseline.objects.filter(project=project, active=True)
+        .annotate(**parts)
+        .values("name", "spec_id", "spec__slug", "branch", "run_id", *parts)
     }
     latest = (
         Run.objects.filter(
@@ -153,14 +158,12 @@ def project_group_changes(
     pass in the latest completed run, and groups that failed there and pass now; per branch,
     each branch's latest run against its branch's baseline (else main's). With `cells`, the
     invariant x scenario cells of the matrix too (the report's per-invariant rows)."""
-    baselines = _latest_per_branch(project)
+    baselines = _latest_per_branch(project, cells=cells)
     run_ids = [b["latest_run_id"] for b in baselines]
     # A run's matrix (~14 kB of JSON) is read only when its cells are compared: not for the
     # overview, which compares groups alone, and not for a run whose baseline has no matrix
-    # to compare it with (a baseline promoted by baseline_promote keeps the groups only).
-    with_matrix = [
-        b["latest_run_id"] for b in baselines if cells and (b["data"] or {}).get("matrix")
-    ]
+    # to compare it with (one promoted before baselines kept their matrix).
+    with_matrix = [b["latest_run_id"] for b in baselines if cells and b.get("matrix")]
     parts: dict[str, Any] = {"groups": KeyTransform("groups", "summary")}
     if with_matrix:
         parts["matrix"] = Case(When(pk__in=with_matrix, then=KeyTransform("matrix", "summary")))
@@ -174,11 +177,10 @@ def project_group_changes(
         run_id = baseline["latest_run_id"]
         if run_id == baseline["run_id"]:
             continue  # nothing ran since the baseline was taken
-        data = baseline["data"] or {}
-        pairs = [(groups_by_key(data.get("groups")), groups_by_key(current[run_id]["groups"]))]
+        pairs = [(groups_by_key(baseline["groups"]), groups_by_key(current[run_id]["groups"]))]
         if cells:
             pairs.append(
-                (cells_by_key(data.get("matrix")), cells_by_key(current[run_id].get("matrix")))
+                (cells_by_key(baseline["matrix"]), cells_by_key(current[run_id].get("matrix")))
             )
         for before, after in pairs:
             for key, old in before.items():

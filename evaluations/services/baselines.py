@@ -165,7 +165,8 @@ def _baseline_cells(baseline: Baseline, run: Run) -> list[BaselineCell]:
 
 def _baseline_data(run: Run) -> dict[str, Any]:
     """The run summary's groups with, per group, the first passing output, the mean
-    latency and the total cost of its executions (two queries), and the run's metrics."""
+    latency and the total cost of its executions (two queries), its matrix, and the run's
+    metrics."""
 
     per_group = {
         group_key(row): row
@@ -206,4 +207,6 @@ def _baseline_data(run: Run) -> dict[str, Any]:
         "exit_code": run.exit_code,
         "metrics": run.summary.get("metrics") or {},
         "groups": groups,
+        # The invariant x scenario cells: the regressions report's per-invariant rows.
+        "matrix": run.summary.get("matrix") or [],
     }

@@ -19,6 +19,7 @@ from evaluations.cli import main
 from evaluations.models import Baseline, CheckResult, Membership, Role, Run
 from evaluations.selectors.compare import run_comparison, word_diff
 from evaluations.selectors.records import run_records
+from evaluations.selectors.regression_report import regression_report
 from evaluations.services import engine_spec
 
 SPEC = """\
@@ -113,3 +114,11 @@ def test_promote_on_main_change_the_agent_and_see_the_regression(
         fragment = link.partition("#")[2]
         assert f'id="{fragment}"' in html, f"the compare page has no row {fragment}"
     assert any(link.endswith("#change-group-no-chaos-prompt-0") for link in links)
+
+    # The regressions report names the invariant that broke, per scenario, against the
+    # baseline as promoted (its matrix is kept with it), not only the scenario x prompt group.
+    report = regression_report(worse.project)
+    assert {(row.group, row.invariant) for row in report.rows} >= {
+        ("no-chaos / prompt 0", ""),
+        ("says_refunded @ no-chaos", "says_refunded"),
+    }
