@@ -519,7 +519,7 @@ def regressions(
     format: Literal["json", "md", "csv"] = "json",  # noqa: A002 (the query parameter's name)
 ) -> HttpResponse:
     """What regressed against the active baselines, as the regressions page shows it."""
-    from evaluations.selectors.regression_report import parse_since
+    from evaluations.selectors.reports import parse_since
 
     caller = _caller(request, slug, Role.VIEWER)
     try:

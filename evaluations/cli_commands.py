@@ -548,7 +548,7 @@ def cmd_report_regressions(args: argparse.Namespace) -> int:
 
     from evaluations import selectors
     from evaluations.models import Project
-    from evaluations.selectors.regression_report import parse_since
+    from evaluations.selectors.reports import parse_since
 
     project = Project.objects.filter(slug=args.project).first()
     if project is None:

@@ -7,17 +7,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-# Imported at once, unlike the others: `regression_report` names both a module and its
-# function, and importing a submodule sets the package's attribute of its name to the module.
-# The function is bound after the module is imported, and it stays.
-from evaluations.selectors.regression_report import (
-    RegressionReport,
-    regression_report,
-    report_csv,
-    report_json,
-    report_markdown,
-)
-
 if TYPE_CHECKING:
     from evaluations.selectors.alerts import (
         AlertConditionError,
@@ -62,6 +51,13 @@ if TYPE_CHECKING:
         group_key,
         project_has_baseline,
         project_regressions,
+    )
+    from evaluations.selectors.reports import (
+        RegressionReport,
+        regression_report,
+        report_csv,
+        report_json,
+        report_markdown,
     )
     from evaluations.selectors.reviews import (
         AgreementRow,
@@ -168,6 +164,13 @@ _NAMES = {
         "group_key",
         "project_has_baseline",
         "project_regressions",
+    ),
+    "reports": (
+        "RegressionReport",
+        "regression_report",
+        "report_csv",
+        "report_json",
+        "report_markdown",
     ),
     "reviews": (
         "AgreementRow",

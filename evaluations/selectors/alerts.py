@@ -188,7 +188,7 @@ def rule_value(rule: AlertRule, condition: Condition, run: Run) -> float | None:
     if not run_ids:
         return None
     if condition.metric == "any_regression":
-        from evaluations.selectors.regression_report import regressions_in_runs
+        from evaluations.selectors.reports import regressions_in_runs
 
         return float(len(regressions_in_runs(rule.project, run_ids)))
     if condition.metric == "drift_max":

@@ -17,7 +17,7 @@ from django.db.models import Count, Q
 
 from evaluations.models import AlertFiring, FiringStatus, Project, ReviewItem, ReviewStatus, Run
 from evaluations.selectors.bounds import capped_counts, capped_text
-from evaluations.selectors.regression_report import regression_changes
+from evaluations.selectors.reports import regression_changes
 from evaluations.selectors.reviews import review_agreement
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from django.shortcuts import render
 from evaluations import selectors
 from evaluations.access import project_for
 from evaluations.models import Role
-from evaluations.selectors.regression_report import parse_since
+from evaluations.selectors.reports import parse_since
 
 EXPORTS = {
     "md": "text/markdown; charset=utf-8",

@@ -19,7 +19,7 @@ from evaluations.cli import main
 from evaluations.models import Baseline, CheckResult, Membership, Role, Run
 from evaluations.selectors.compare import run_comparison, word_diff
 from evaluations.selectors.records import run_records
-from evaluations.selectors.regression_report import regression_report
+from evaluations.selectors.reports import regression_report
 from evaluations.services import engine_spec
 
 SPEC = """\
