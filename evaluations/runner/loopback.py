@@ -1,44 +1,88 @@
-"""Serving one of the execution's local servers (model gateway, tool proxy, HTTP mocks) on a
-thread, and stopping it at once.
+"""Serving the execution's local servers (model gateway, tool proxy, HTTP mocks), and
+stopping one at once.
 
-socketserver's serve_forever() notices shutdown() only at its next poll timeout, and every
-execution stops its servers: a short poll costs CPU while the server runs, a long one costs
-every execution that wait. Here the loop also watches one end of a socket pair, so stop()
-wakes it immediately."""
+One thread per process accepts the connections of every server started here; each
+connection is then served on its own thread, as the server's ThreadingMixIn does. A thread
+per server cost every execution a thread start and a join, each waiting for the GIL (a
+tenth of an execution's time when its process was busy, issue 18); and socketserver's own
+serve_forever() notices shutdown() only at its next poll timeout, where a short poll costs
+CPU and a long one delays every execution's stop. Here `stop` takes the server out of the
+loop's selector under the loop's lock, so once it returns no connection is accepted.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 import selectors
-import socket
 import socketserver
 import threading
 
+logger = logging.getLogger(__name__)
+
+
+class _AcceptLoop:
+    """The process's accepting thread, started with the first server."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.selector = selectors.DefaultSelector()
+        self.thread: threading.Thread | None = None
+
+    def add(self, server: socketserver.TCPServer) -> None:
+        with self.lock:
+            # An epoll set takes new members while another thread waits on it.
+            self.selector.register(server, selectors.EVENT_READ)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="loopback", daemon=True)
+                self.thread.start()
+
+    def remove(self, server: socketserver.TCPServer) -> None:
+        with self.lock:
+            self.selector.unregister(server)
+
+    def _run(self) -> None:
+        while True:
+            ready = self.selector.select()
+            with self.lock:
+                for key, _ in ready:
+                    # Removed meanwhile (its descriptor may even be another server's now).
+                    if self.selector.get_map().get(key.fd) is not key:
+                        continue
+                    try:
+                        key.fileobj.handle_request()  # type: ignore[union-attr]  # accept
+                    except Exception:  # one server's failure must not stop the others'
+                        logger.exception("a loopback server failed to accept")
+
+
+_loop = _AcceptLoop()
+
+
+def _loop_of_a_forked_process() -> None:
+    """A forked process starts with no accepting thread and none of its parent's servers."""
+    global _loop
+    _loop = _AcceptLoop()
+
+
+os.register_at_fork(after_in_child=_loop_of_a_forked_process)
+
 
 class ServerThread:
+    """A server served by the process's accepting thread from `start` to `stop`. (The name
+    says what it was: a thread of its own.)"""
+
     def __init__(self, server: socketserver.TCPServer, name: str) -> None:
         self._server = server
-        server.timeout = 0  # handle_request() below is called only when a connection waits
-        self._stop = threading.Event()
-        self._wake_read, self._wake_write = socket.socketpair()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        server.timeout = 0  # handle_request() is called only when a connection waits
+        self.name = name
+        self._serving = False
 
     def start(self) -> None:
-        self._thread.start()
-
-    def _loop(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._server, selectors.EVENT_READ)
-            selector.register(self._wake_read, selectors.EVENT_READ)
-            while not self._stop.is_set():
-                for key, _ in selector.select():
-                    if key.fileobj is self._server and not self._stop.is_set():
-                        self._server.handle_request()  # accept; a handler thread serves it
+        _loop.add(self._server)
+        self._serving = True
 
     def stop(self) -> None:
         """Stop accepting (connections being served finish on their own threads)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._wake_write.send(b"\0")
-            self._thread.join(timeout=5)
-        self._wake_read.close()
-        self._wake_write.close()
+        if self._serving:
+            _loop.remove(self._server)
+            self._serving = False

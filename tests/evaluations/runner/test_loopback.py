@@ -4,6 +4,7 @@ when asked, however many connections they served or are serving."""
 from __future__ import annotations
 
 import socket
+import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -38,9 +39,40 @@ def test_serves_until_stopped_then_refuses() -> None:
     thread.stop()
     server.server_close()
     idle.close()
-    assert not thread._thread.is_alive()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
+
+
+def test_one_thread_accepts_for_every_server_and_a_stopped_one_accepts_nothing() -> None:
+    """Servers started and stopped one after another, and several at once, as executions
+    do: each answers while started, a stopped one takes no connection even before it is
+    closed, and the process has one accepting thread for them all."""
+    for _ in range(10):
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+        server.daemon_threads = True
+        alone = ServerThread(server, name="one-after-another")
+        alone.start()
+        port = server.server_address[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
+            assert answer.read() == b"hello"
+        alone.stop()
+        servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Hello) for _ in range(3)]
+        threads = [ServerThread(s, name="at-once") for s in servers]
+        for thread in threads:
+            thread.start()
+        for s in servers:
+            with urllib.request.urlopen(f"http://127.0.0.1:{s.server_address[1]}/") as answer:
+                assert answer.read() == b"hello"
+        stopped = threads[0]
+        stopped.stop()
+        # Still listening (not closed), but no longer accepted: the client waits in vain.
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{servers[0].server_address[1]}/", timeout=0.3)
+        for thread in threads[1:]:
+            thread.stop()
+        for s in [server, *servers]:
+            s.server_close()
+    assert [t.name for t in threading.enumerate()].count("loopback") == 1
 
 
 def test_stop_before_start_is_harmless() -> None:
