@@ -39,7 +39,7 @@ def update(
     column names as written, `%s` for its parameters), setting `values`. Returns the number
     of rows changed."""
     connection = connections[router.db_for_write(model)]
-    sql, fields = _statement(
+    sql, assigned, tested = _statement(
         model,
         connection.alias,
         tuple((name, isinstance(value, Add)) for name, value in values.items()),
@@ -48,9 +48,12 @@ def update(
     )
     params = [
         value.amount if isinstance(value, Add) else field.get_db_prep_save(value, connection)
-        for field, value in zip(fields, values.values(), strict=True)
+        for field, value in zip(assigned, values.values(), strict=True)
     ]
-    params += [where[name] for name in where]
+    params += [
+        field.get_db_prep_value(value, connection)
+        for field, value in zip(tested, where.values(), strict=True)
+    ]
     params += list(condition_params)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -98,8 +101,8 @@ def _statement(
     assigned: tuple[tuple[str, bool], ...],
     tested: tuple[str, ...],
     condition: str,
-) -> tuple[str, tuple[Field[Any, Any], ...]]:
-    """The UPDATE's text, and the fields of the columns it sets (in order)."""
+) -> tuple[str, tuple[Field[Any, Any], ...], tuple[Field[Any, Any], ...]]:
+    """The UPDATE's text, and the fields of the columns it sets and tests (in order)."""
     quote = connections[alias].ops.quote_name
 
     def field(name: str) -> Field[Any, Any]:
@@ -117,4 +120,4 @@ def _statement(
     if condition:
         tests.append(f"({condition})")
     sql = f"UPDATE {quote(model._meta.db_table)} SET {sets} WHERE {' AND '.join(tests)}"
-    return sql, tuple(field(name) for name, _ in assigned)
+    return sql, tuple(field(name) for name, _ in assigned), tuple(field(name) for name in tested)

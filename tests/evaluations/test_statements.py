@@ -68,6 +68,11 @@ def test_values_read_back_as_the_orm_writes_them(tmp_path) -> None:
     assert stored.tool_sequence == sequence
     assert (stored.composite, stored.passed, stored.lease_expires) == (0.25, True, None)
     assert stored.final_output == 'it\'s done; 100% "quoted"'
+    # A datetime in the test is adapted as the ORM adapts it (text, on SQLite).
+    assert statements.update(
+        Execution, where={"id": execution.pk, "finished": finished}, values={"composite": 0.5}
+    )
+    assert Execution.objects.get(pk=execution.pk).composite == 0.5
 
 
 def test_a_row_that_fails_a_test_is_not_changed(tmp_path) -> None:
