@@ -31,6 +31,9 @@ class _AcceptLoop:
 
     def add(self, server: socketserver.TCPServer) -> None:
         with self.lock:
+            stale = self.selector.get_map().get(server.fileno())
+            if stale is not None:  # a server closed without stop() had this descriptor
+                self.selector.unregister(stale.fileobj)
             # An epoll set takes new members while another thread waits on it.
             self.selector.register(server, selectors.EVENT_READ)
             if self.thread is None:

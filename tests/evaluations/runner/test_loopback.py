@@ -80,3 +80,18 @@ def test_stop_before_start_is_harmless() -> None:
     thread = ServerThread(server, name="never-started")
     thread.stop()
     server.server_close()
+
+
+def test_a_server_closed_without_stop_does_not_block_the_next_on_its_descriptor() -> None:
+    forgotten = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    ServerThread(forgotten, name="forgotten").start()
+    descriptor = forgotten.fileno()
+    forgotten.server_close()  # its owner never called stop()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    assert server.fileno() == descriptor  # the lowest free descriptor, reused
+    thread = ServerThread(server, name="next")
+    thread.start()
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/", timeout=5) as a:
+        assert a.read() == b"hello"
+    thread.stop()
+    server.server_close()
