@@ -27,15 +27,19 @@ def execute_run(run: Run) -> Run:
     return run
 
 
-def run_spec(project: Project, source: str, *, spec_dir: Path | str, **options: Any) -> Run:
-    """A new spec version of `source` in `project`, run to completion (`options` go to
-    run_create: seed, replicas, scenarios, labels, judge_cache, ...)."""
+def new_run(project: Project, source: str, **options: Any) -> Run:
+    """A new spec version of `source` in `project` and a queued CLI run of it (`options` go
+    to run_create: spec_dir, seed, replicas, scenarios, labels, judge_cache, ...)."""
     version = services.spec_version_create(project=project, source_yaml=source)
-    run = services.run_create(
-        spec_version=version,
-        trigger=Trigger.CLI,
-        spec_dir=str(spec_dir),
-        enqueue=False,
-        **options,
-    )
-    return execute_run(run)
+    return services.run_create(spec_version=version, trigger=Trigger.CLI, enqueue=False, **options)
+
+
+def planned_run(project: Project, source: str, **options: Any) -> tuple[Run, list[int]]:
+    """new_run, planned: the run and the ids of its executions."""
+    run = new_run(project, source, **options)
+    return run, services.run_plan(run_id=run.pk)
+
+
+def run_spec(project: Project, source: str, *, spec_dir: Path | str, **options: Any) -> Run:
+    """new_run of `source` in `project`, run to completion."""
+    return execute_run(new_run(project, source, spec_dir=str(spec_dir), **options))

@@ -34,9 +34,9 @@ from evaluations.models import (
     Project,
     Run,
     RunStatus,
-    Trigger,
 )
 from keystone_web.celery import app as celery_app
+from tests.evaluations.execution_helpers import planned_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -47,12 +47,6 @@ LOCK_KEY = "keystone-tests:in-use"  # the same lock as tests/evaluations/test_ce
 @pytest.fixture
 def project() -> Project:
     return services.project_default()
-
-
-def _planned(project: Project, source: str, **options: Any) -> tuple[Run, list[int]]:
-    version = services.spec_version_create(project=project, source_yaml=source)
-    run = services.run_create(spec_version=version, trigger=Trigger.CLI, enqueue=False, **options)
-    return run, services.run_plan(run_id=run.pk)
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
@@ -115,7 +109,7 @@ def test_requeue_resends_only_executions_not_sent_within_the_lease(
     project: Project, broker_queue: redis.Redis, settings: Any
 ) -> None:
     settings.KEYSTONE_EXECUTION_LEASE_SECONDS = 60
-    run, ids = _planned(project, SHORT_SPEC)
+    run, ids = planned_run(project, SHORT_SPEC)
     assert len(ids) == 5
     services.execution_enqueue(execution_ids=ids)  # what the run_plan task does
     assert broker_queue.llen("celery") == 5
@@ -194,7 +188,7 @@ chaos_matrix:
 
 
 def _run_in_order(project: Project, order: Callable[[list[Execution]], list[Execution]]) -> Run:
-    run, _ = _planned(project, BEHAVIOUR_SPEC)
+    run, _ = planned_run(project, BEHAVIOUR_SPEC)
     executions = list(Execution.objects.filter(run=run))
     for execution in order(executions):
         # Nothing about the deferred invariants is written while executions finish (the
@@ -279,7 +273,7 @@ sandbox: {{backend: local}}
 invariants:
   done: {{description: "done", check: {{type: output_not_empty}}}}
 """
-    run, [execution_id] = _planned(project, source)
+    run, [execution_id] = planned_run(project, source)
     returned: list[bool] = []
 
     def execute() -> None:

@@ -37,8 +37,8 @@ from evaluations.models import (
     Project,
     Run,
     RunStatus,
-    Trigger,
 )
+from tests.evaluations.execution_helpers import planned_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -102,14 +102,6 @@ def project() -> Project:
     return services.project_default()
 
 
-def _planned_run(project: Project, source: str) -> tuple[Run, list[int]]:
-    version = services.spec_version_create(project=project, source_yaml=source)
-    run = services.run_create(
-        spec_version=version, trigger=Trigger.CLI, spec_dir=str(SPECS), enqueue=False
-    )
-    return run, services.run_plan(run_id=run.pk)
-
-
 # --- In-process -------------------------------------------------------------------------
 
 
@@ -130,7 +122,7 @@ def test_spec_version_create_refuses_invalid_text_and_reuses_identical_text(
 
 
 def test_in_process_run_records_results_artifacts_and_finalizes(project: Project) -> None:
-    run, execution_ids = _planned_run(project, MIXED_SPEC)
+    run, execution_ids = planned_run(project, MIXED_SPEC, spec_dir=str(SPECS))
     assert len(execution_ids) == 4  # 2 prompts x 2 replicas
     run.refresh_from_db()
     assert (run.status, run.execution_count) == (RunStatus.RUNNING, 4)
@@ -172,7 +164,7 @@ def test_in_process_run_records_results_artifacts_and_finalizes(project: Project
 
 
 def test_artifacts_are_stored_as_files_not_in_rows(project: Project) -> None:
-    run, execution_ids = _planned_run(project, MIXED_SPEC)
+    run, execution_ids = planned_run(project, MIXED_SPEC, spec_dir=str(SPECS))
     services.execution_execute(execution_id=execution_ids[0], worker=WORKER)
 
     stdout = Artifact.objects.get(execution_id=execution_ids[0], kind=ArtifactKind.STDOUT)
@@ -191,7 +183,7 @@ def test_artifacts_are_stored_as_files_not_in_rows(project: Project) -> None:
 def test_an_execution_comes_back_as_it_was_recorded(project: Project) -> None:
     """What execution_execute returns is what the progress lines print: it must be the row
     as stored, for a recorded outcome and for an error recorded before the agent ran."""
-    run, execution_ids = _planned_run(project, MIXED_SPEC)
+    run, execution_ids = planned_run(project, MIXED_SPEC, spec_dir=str(SPECS))
     returned = services.execution_execute(execution_id=execution_ids[0], worker=WORKER)
     stored = Execution.objects.get(pk=execution_ids[0])
     assert returned is not None and returned.pk == stored.pk
@@ -212,7 +204,7 @@ def test_an_execution_comes_back_as_it_was_recorded(project: Project) -> None:
 
 
 def test_executing_a_finished_execution_again_writes_nothing(project: Project) -> None:
-    run, execution_ids = _planned_run(project, MIXED_SPEC)
+    run, execution_ids = planned_run(project, MIXED_SPEC, spec_dir=str(SPECS))
     first = execution_ids[0]
     assert services.execution_execute(execution_id=first, worker=WORKER) is not None
     before = Execution.objects.get(pk=first)
@@ -240,7 +232,7 @@ def test_cancel_marks_pending_executions_and_stops_the_running_agent(
 ) -> None:
     # A short lease makes the watcher look for the cancellation about once a second.
     settings.KEYSTONE_EXECUTION_LEASE_SECONDS = 3
-    run, execution_ids = _planned_run(project, SLOW_SPEC)
+    run, execution_ids = planned_run(project, SLOW_SPEC, spec_dir=str(SPECS))
     assert len(execution_ids) == 3
     returned: list[str | None] = []
 

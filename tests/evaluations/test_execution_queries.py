@@ -11,7 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from evaluations import services
-from evaluations.models import CheckResult, Execution, ExecutionStatus, Project, Run, Trigger
+from evaluations.models import CheckResult, Execution, ExecutionStatus, Project, Run
+from tests.evaluations.execution_helpers import planned_run
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -39,11 +40,7 @@ def test_an_execution_costs_a_fixed_number_of_statements(
     tmp_path: Path, caller_has_the_run: bool
 ) -> None:
     project = Project.objects.create(name="queries", slug="queries")
-    version = services.spec_version_create(project=project, source_yaml=SPEC)
-    run = services.run_create(
-        spec_version=version, trigger=Trigger.CLI, enqueue=False, spec_dir=str(tmp_path)
-    )
-    ids = services.run_plan(run_id=run.pk)
+    run, ids = planned_run(project, SPEC, spec_dir=str(tmp_path))
     given = (
         Run.objects.select_related("spec_version").get(pk=run.pk) if caller_has_the_run else None
     )

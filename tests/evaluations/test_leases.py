@@ -14,7 +14,8 @@ import pytest
 from django.db import connection
 
 from evaluations import services
-from evaluations.models import Execution, ExecutionStatus, Project, Trigger
+from evaluations.models import Execution, ExecutionStatus, Project
+from tests.evaluations.execution_helpers import planned_run
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -34,11 +35,7 @@ def test_running_executions_have_their_leases_renewed_by_one_thread(
 ) -> None:
     settings.KEYSTONE_EXECUTION_LEASE_SECONDS = 3  # renewed every second
     project = Project.objects.create(name="leases", slug="leases")
-    version = services.spec_version_create(project=project, source_yaml=SPEC)
-    run = services.run_create(
-        spec_version=version, trigger=Trigger.CLI, enqueue=False, spec_dir=str(tmp_path)
-    )
-    ids = services.run_plan(run_id=run.pk)
+    _, ids = planned_run(project, SPEC, spec_dir=str(tmp_path))
     assert len(ids) == 2
 
     def execute(execution_id: int) -> None:

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from evaluations import services
 from evaluations.models import (
     CheckResult,
     Execution,
@@ -15,9 +14,9 @@ from evaluations.models import (
     Project,
     Run,
     RunStatus,
-    Trigger,
 )
 from evaluations.services import statements
+from tests.evaluations.execution_helpers import planned_run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
@@ -32,19 +31,15 @@ invariants:
 """
 
 
-def planned_run(tmp_path) -> Run:
+def planned(tmp_path) -> Run:
     project = Project.objects.create(name="statements", slug="statements")
-    version = services.spec_version_create(project=project, source_yaml=SPEC)
-    run = services.run_create(
-        spec_version=version, trigger=Trigger.CLI, enqueue=False, spec_dir=str(tmp_path)
-    )
-    services.run_plan(run_id=run.pk)
+    run, _ = planned_run(project, SPEC, spec_dir=str(tmp_path))
     run.refresh_from_db()
     return run
 
 
 def test_values_read_back_as_the_orm_writes_them(tmp_path) -> None:
-    run = planned_run(tmp_path)
+    run = planned(tmp_path)
     execution = run.executions.order_by("id").first()
     finished = datetime(2026, 11, 25, 23, 59, 58, 123456, tzinfo=UTC)
     sequence = [{"name": "lookup", "arguments": {"q": "é\u2603", "n": [1, 2.5, None]}}]
@@ -76,7 +71,7 @@ def test_values_read_back_as_the_orm_writes_them(tmp_path) -> None:
 
 
 def test_a_row_that_fails_a_test_is_not_changed(tmp_path) -> None:
-    run = planned_run(tmp_path)
+    run = planned(tmp_path)
     execution = run.executions.order_by("id").first()
     assert not statements.update(
         Execution,
@@ -94,7 +89,7 @@ def test_a_row_that_fails_a_test_is_not_changed(tmp_path) -> None:
 
 
 def test_add_increments_the_column_and_conditions_compare_columns(tmp_path) -> None:
-    run = planned_run(tmp_path)
+    run = planned(tmp_path)
     assert run.execution_count > 1
     for _ in range(run.execution_count - 1):
         statements.update(Run, where={"id": run.pk}, values={"executions_done": statements.Add(1)})
@@ -113,7 +108,7 @@ def test_add_increments_the_column_and_conditions_compare_columns(tmp_path) -> N
 def test_inserted_rows_read_back_as_bulk_create_writes_them(tmp_path) -> None:
     """More rows than one statement takes on SQLite (66 of these), with JSON, text the SQL
     must not misread and the defaults filled in."""
-    run = planned_run(tmp_path)
+    run = planned(tmp_path)
     first, second = run.executions.order_by("id")[:2]
 
     def results(execution: Execution) -> list[CheckResult]:
