@@ -249,7 +249,7 @@ def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
         thread.start()
     try:
         for done in range(1, total + 1):
-            outcome = work.next_outcome(children)
+            outcome = work.finished.get(children)
             if isinstance(outcome, BaseException):
                 raise outcome
             progress.step(done, total, outcome)
@@ -344,9 +344,6 @@ class _SharedWork:
                 )
         finally:
             connections.close_all()  # this thread's connections only
-
-    def next_outcome(self, children: list[Any]) -> Any:
-        return self.finished.get(children)
 
 
 class _Outcomes:

@@ -225,7 +225,7 @@ class HttpMockService:
 
     def start(self) -> None:
         self._server = _MockServer(self.config, self._log)
-        self._thread = ServerThread(self._server, name=f"http_mock-{self.name}")
+        self._thread = ServerThread(self._server)
         self._thread.start()
 
     def stop(self) -> None:

@@ -74,10 +74,9 @@ class ServerThread:
     """A server served by the process's accepting thread from `start` to `stop`. (The name
     says what it was: a thread of its own.)"""
 
-    def __init__(self, server: socketserver.TCPServer, name: str) -> None:
+    def __init__(self, server: socketserver.TCPServer) -> None:
         self._server = server
         server.timeout = 0  # handle_request() is called only when a connection waits
-        self.name = name
         self._serving = False
 
     def start(self) -> None:

@@ -598,7 +598,7 @@ class LoopbackHTTPServer:
 
     def __init__(self, handler: Handler) -> None:
         self._server = _Server(handler)
-        self._thread = ServerThread(self._server, name="loopback-http")
+        self._thread = ServerThread(self._server)
         self._started = False
 
     @property

@@ -167,7 +167,7 @@ class ToolProxy:
         handler = type("_BoundToolProxyHandler", (_ToolProxyHandler,), {"proxy": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self._thread = ServerThread(self._server, name="tool-proxy")
+        self._thread = ServerThread(self._server)
         self._thread.start()
 
     def stop(self) -> None:

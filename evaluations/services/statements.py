@@ -110,13 +110,14 @@ def _statement(
         assert isinstance(found, Field), name  # a column, not the other end of a relation
         return found
 
+    def column(name: str) -> str:
+        return quote(field(name).column)
+
     sets = ", ".join(
-        f"{quote(field(name).column)} = {quote(field(name).column)} + %s"
-        if adds
-        else f"{quote(field(name).column)} = %s"
+        f"{column(name)} = {column(name)} + %s" if adds else f"{column(name)} = %s"
         for name, adds in assigned
     )
-    tests = [f"{quote(field(name).column)} = %s" for name in tested]
+    tests = [f"{column(name)} = %s" for name in tested]
     if condition:
         tests.append(f"({condition})")
     sql = f"UPDATE {quote(model._meta.db_table)} SET {sets} WHERE {' AND '.join(tests)}"

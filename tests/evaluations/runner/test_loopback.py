@@ -29,7 +29,7 @@ def test_serves_until_stopped_then_refuses() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
     server.daemon_threads = True
     port = server.server_address[1]
-    thread = ServerThread(server, name="test-loopback")
+    thread = ServerThread(server)
     thread.start()
     for _ in range(20):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
@@ -50,14 +50,14 @@ def test_one_thread_accepts_for_every_server_and_a_stopped_one_accepts_nothing()
     for _ in range(10):
         server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
         server.daemon_threads = True
-        alone = ServerThread(server, name="one-after-another")
+        alone = ServerThread(server)
         alone.start()
         port = server.server_address[1]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
             assert answer.read() == b"hello"
         alone.stop()
         servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Hello) for _ in range(3)]
-        threads = [ServerThread(s, name="at-once") for s in servers]
+        threads = [ServerThread(s) for s in servers]
         for thread in threads:
             thread.start()
         for s in servers:
@@ -77,19 +77,19 @@ def test_one_thread_accepts_for_every_server_and_a_stopped_one_accepts_nothing()
 
 def test_stop_before_start_is_harmless() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    thread = ServerThread(server, name="never-started")
+    thread = ServerThread(server)
     thread.stop()
     server.server_close()
 
 
 def test_a_server_closed_without_stop_does_not_block_the_next_on_its_descriptor() -> None:
     forgotten = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    ServerThread(forgotten, name="forgotten").start()
+    ServerThread(forgotten).start()
     descriptor = forgotten.fileno()
     forgotten.server_close()  # its owner never called stop()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
     assert server.fileno() == descriptor  # the lowest free descriptor, reused
-    thread = ServerThread(server, name="next")
+    thread = ServerThread(server)
     thread.start()
     with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/", timeout=5) as a:
         assert a.read() == b"hello"
