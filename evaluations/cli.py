@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_SPEC_INVALID
+from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_SPEC_INVALID, CommandFailed
 from checks.metrics import SUMMARY_METRICS, format_metric
 from evaluations.terminal import use_color
 
@@ -41,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("keystone: interrupted", file=sys.stderr)
         return EXIT_INTERNAL_ERROR
+    except CommandFailed as exc:
+        print(f"keystone: {exc}", file=sys.stderr)
+        return exc.code
     except Exception as exc:  # the last line of defence: say what broke, exit 4
         print(f"keystone: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_INTERNAL_ERROR

@@ -24,29 +24,50 @@ from checks.exit_codes import (
     EXIT_INTERNAL_ERROR,
     EXIT_PROVIDER_ERROR,
     EXIT_SPEC_INVALID,
+    CommandFailed,
 )
 
 
 def setup_django(*, migrate: bool = True) -> None:
+    """Django, and (`migrate`) a database schema this version can use: the embedded SQLite
+    file is created or brought up to date; a server's database must have been migrated by
+    its operator, or the command stops with a message saying so."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "keystone_web.settings")
     import django
 
     django.setup()
-    if migrate:
-        from django.conf import settings
-        from django.core.management import call_command
+    if not migrate:
+        return
+    from django.conf import settings
+    from django.core.management import call_command
 
-        # The embedded default must work on a fresh machine: create the SQLite schema, or
-        # bring an older one up to date. `migrate` loads every migration module (~150 ms)
-        # even when there is nothing to do, so it runs only when a migration is pending.
-        if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3") and migrations_pending():
-            call_command("migrate", verbosity=0, interactive=False)
+    # `migrate` loads every migration module (~150 ms) even when there is nothing to do, so
+    # it runs only when a migration is pending.
+    pending = migrations_pending()
+    if not pending:
+        return
+    database = settings.DATABASES["default"]
+    if database["ENGINE"].endswith("sqlite3"):  # the embedded default, on a fresh machine too
+        call_command("migrate", verbosity=0, interactive=False)
+        return
+    # A server's database is shared with the web app and the workers: its schema changes
+    # when the operator upgrades (docs/operations.md), not as a side effect of a CLI run.
+    where = f"{database['NAME']!r} on {database.get('HOST') or 'localhost'}"
+    names = ", ".join(f"{app}.{name}" for app, name in pending[:3])
+    more = f" and {len(pending) - 3} more" if len(pending) > 3 else ""
+    raise CommandFailed(
+        f"the database {where} is not set up for this version of Keystone: "
+        f"{len(pending)} migration(s) not applied ({names}{more}). Run `python manage.py "
+        "migrate` (or `django-admin migrate --settings keystone_web.settings`) with the same "
+        "DATABASE_URL first."
+    )
 
 
-def migrations_pending() -> bool:
-    """Whether some migration file of an installed app is not recorded as applied in the
-    database: one query against the names of the files on disk, without importing them.
-    Conservative: a squashed migration not recorded yet also counts (migrate records it)."""
+def migrations_pending() -> list[tuple[str, str]]:
+    """The migration files of installed apps not recorded as applied in the database, as
+    (app, name) in order: one query against the names of the files on disk, without
+    importing them. Conservative: a squashed migration not recorded yet also counts
+    (migrate records it)."""
     import pkgutil
     from importlib import import_module
 
@@ -72,7 +93,7 @@ def migrations_pending() -> bool:
         )
     # An empty set when the database has no django_migrations table yet (a fresh file).
     applied = MigrationRecorder(connection).applied_migrations()
-    return not on_disk <= set(applied)
+    return sorted(on_disk - set(applied))
 
 
 def cli_labels(pairs: list[str]) -> dict[str, str]:
