@@ -5,8 +5,10 @@ Celery's eager mode did, so the CLI and the tests never import Celery (~100-150 
 from __future__ import annotations
 
 import socket
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from evaluations import queue, services
 
@@ -19,9 +21,38 @@ def run_plan(run_id: int) -> int:
     return len(execution_ids)
 
 
-def execution_run(execution_id: int, worker: str) -> bool:
-    """True when this worker ran the execution (False: another had it, or it was done)."""
-    return services.execution_execute(execution_id=execution_id, worker=worker) is not None
+@dataclass
+class Batch:
+    """What executions_run could not do: the executions given back after an infrastructure
+    error (for a later attempt), and those it did not start because its time ran out."""
+
+    retry: list[int] = field(default_factory=list)
+    left: list[int] = field(default_factory=list)
+
+
+def executions_run(
+    execution_ids: Sequence[int], worker: str, *, seconds: float | None = None
+) -> Batch:
+    """Run executions one after another under one worker name, reading their run once (the
+    executions of a message are usually all of one run). After the first, none is started
+    once `seconds` have passed: a message's time on a worker stays near one execution's, so
+    the broker never takes it for lost and hands it to a second worker, and the others can
+    take what is left."""
+    batch = Batch()
+    started = time.monotonic()
+    run = None
+    for index, execution_id in enumerate(execution_ids):
+        if index and seconds is not None and time.monotonic() - started > seconds:
+            batch.left = list(execution_ids[index:])
+            break
+        try:
+            recorded = services.execution_execute(execution_id=execution_id, worker=worker, run=run)
+        except services.InfrastructureError:
+            batch.retry.append(execution_id)
+            continue
+        if recorded is not None:
+            run = recorded.run
+    return batch
 
 
 def run_finalize(run_id: int) -> int | None:
@@ -40,12 +71,16 @@ def firing_deliver(firing_id: int) -> str:
     return services.firing_deliver(firing_id=firing_id)
 
 
-def execution_run_here(execution_id: int) -> bool:
-    """execution_run in this process, as Celery's eager mode ran the task: under a worker
-    name of the task's form (host:task id), and an infrastructure error raised after the one
-    attempt (the eager task raised Celery's Retry for it, and did not retry). The execution
-    has been given back by then (services.execution_release) for a later attempt."""
-    return execution_run(execution_id, f"{socket.gethostname()}:{uuid.uuid4()}")
+def executions_run_here(*execution_ids: int) -> None:
+    """executions_run in this process, as Celery's eager mode ran the task: under a worker
+    name of the task's form (host:task id), and an infrastructure error raised after one
+    attempt at each (the eager task raised Celery's Retry, and did not retry). Those
+    executions have been given back by then (services.execution_release) for a later try."""
+    batch = executions_run(execution_ids, f"{socket.gethostname()}:{uuid.uuid4()}")
+    if batch.retry:
+        raise services.InfrastructureError(
+            f"executions {batch.retry} could not start; given back for a later attempt"
+        )
 
 
 def run_here(task_name: str, *args: int) -> None:
@@ -54,9 +89,9 @@ def run_here(task_name: str, *args: int) -> None:
     job(*args)
 
 
-HERE: dict[str, Callable[[int], object]] = {
+HERE: dict[str, Callable[..., object]] = {
     queue.RUN_PLAN: run_plan,
-    queue.EXECUTION_RUN: execution_run_here,
+    queue.EXECUTIONS_RUN: executions_run_here,
     queue.RUN_FINALIZE: run_finalize,
     queue.ALERTS_EVALUATE: alerts_evaluate,
     queue.FIRING_DELIVER: firing_deliver,

@@ -23,7 +23,7 @@ from django.db import transaction
 logger = logging.getLogger(__name__)
 
 RUN_PLAN = "evaluations.tasks.run_plan"
-EXECUTION_RUN = "evaluations.tasks.execution_run"
+EXECUTIONS_RUN = "evaluations.tasks.executions_run"
 RUN_FINALIZE = "evaluations.tasks.run_finalize"
 ALERTS_EVALUATE = "evaluations.tasks.alerts_evaluate"
 FIRING_DELIVER = "evaluations.tasks.firing_deliver"
@@ -61,9 +61,10 @@ def run_plan_later(run_id: int) -> None:
     transaction.on_commit(lambda: _send(RUN_PLAN, run_id))
 
 
-def execution_send(execution_id: int) -> None:
-    """Send one execution to the workers now (or run it here, eagerly, with no broker)."""
-    _send(EXECUTION_RUN, execution_id)
+def executions_send(execution_ids: list[int]) -> None:
+    """Send executions to the workers now, in one message: one worker runs them one after
+    another (or run them here, eagerly, with no broker)."""
+    _send(EXECUTIONS_RUN, *execution_ids)
 
 
 def run_finalize_later(run_id: int) -> None:

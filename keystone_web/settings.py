@@ -302,6 +302,10 @@ KEYSTONE_ALLOW_HOST_SCRIPTS = env_bool("KEYSTONE_ALLOW_HOST_SCRIPTS", False)
 # this many times, waiting longer each time, then ends as `error` with the reason.
 KEYSTONE_EXECUTION_MAX_ATTEMPTS = env_int("KEYSTONE_EXECUTION_MAX_ATTEMPTS", 5)
 KEYSTONE_EXECUTION_RETRY_BASE_SECONDS = env_float("KEYSTONE_EXECUTION_RETRY_BASE_SECONDS", 2.0)
+# How many executions the deployment's Celery workers run at once (the sum of their
+# --concurrency), at most: a run's executions go to the workers a few per message (up to 16),
+# but in at least this many messages when the run has that many, so every slot gets work.
+KEYSTONE_EXECUTION_SLOTS = env_int("KEYSTONE_EXECUTION_SLOTS", 64)
 # "" = auto: bubblewrap when it works, else local processes with a visible warning.
 KEYSTONE_SANDBOX_BACKEND = env_str("KEYSTONE_SANDBOX_BACKEND")
 # The operator's policy (evaluations/policy.py): what a spec may ask of this server.

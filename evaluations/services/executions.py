@@ -186,9 +186,10 @@ def execution_execute(
 ) -> Execution | None:
     """Claim, run and record one execution. Returns the execution as this call left it (the
     status and verdict it recorded: a progress line needs no second read), or None when
-    another worker has it or it is done. `run`: the execution's run with its spec version,
-    from a caller that runs many of its executions (`keystone run`) and reads it once; what
-    an execution reads of it (options, spec) does not change while it runs."""
+    another worker has it or it is done. `run`: a run with its spec version, read by a caller
+    that runs many executions (`keystone run`, a worker's message) once for all of them; it
+    is read again when it is not this execution's. What an execution reads of it (options,
+    spec) does not change while it runs."""
     from evaluations.judge import judge_for_run
     from evaluations.runner.harness import choose_sandbox, run_execution
     from evaluations.runner.sandbox import SandboxUnavailable
@@ -199,9 +200,8 @@ def execution_execute(
     # The row as the ORM would load it, from SQL written once (a fifth of the Python time of
     # a no-op execution went to compiling this read).
     execution = Execution.objects.raw(_EXECUTION_ROW, [execution_id])[0]
-    if run is None:
+    if run is None or run.pk != execution.run_id:
         run = Run.objects.select_related("spec_version").get(pk=execution.run_id)
-    assert run.pk == execution.run_id, (run.pk, execution_id)
     execution.run = run
     spec = engine_spec(run)
     try:
@@ -413,10 +413,19 @@ def execution_requeue_expired(*, enqueue: bool = True) -> list[int]:
     return ids
 
 
+# Celery's own work per message (the broker's round trips, the prefork pool's hand-over, the
+# ack) was most of a short execution's cost: a message holds up to this many executions, fewer
+# when that would leave some of the deployment's slots (KEYSTONE_EXECUTION_SLOTS) idle.
+EXECUTIONS_PER_MESSAGE = 16
+
+
 def execution_enqueue(*, execution_ids: list[int]) -> None:
-    """Send an execution_run task for each execution, noting when (Execution.enqueued_at)."""
+    """Send the executions to the workers, a few per message, noting when
+    (Execution.enqueued_at)."""
+    slots = max(1, settings.KEYSTONE_EXECUTION_SLOTS)
+    per_message = max(1, min(EXECUTIONS_PER_MESSAGE, len(execution_ids) // slots))
     for start in range(0, len(execution_ids), 500):
         batch = execution_ids[start : start + 500]
         Execution.objects.filter(pk__in=batch).update(enqueued_at=timezone.now())
-        for execution_id in batch:
-            queue.execution_send(execution_id)
+        for first in range(0, len(batch), per_message):
+            queue.executions_send(batch[first : first + per_message])

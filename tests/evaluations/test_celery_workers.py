@@ -178,7 +178,7 @@ def start_worker(broker: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]
     workers: list[Worker] = []
     sessions_before = _other_sessions()
 
-    def start(name: str, lease_seconds: int = LEASE_SECONDS) -> Worker:
+    def start(name: str, lease_seconds: int = LEASE_SECONDS, slots: int = 64) -> Worker:
         home = tmp_path / f"home-{name}"
         home.mkdir()
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
@@ -187,6 +187,7 @@ def start_worker(broker: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]
             CELERY_BROKER_URL=broker,
             KEYSTONE_HOME=str(home),
             KEYSTONE_EXECUTION_LEASE_SECONDS=str(lease_seconds),
+            KEYSTONE_EXECUTION_SLOTS=str(slots),
             DEBUG="true",
             PYTHONUNBUFFERED="1",
         )
@@ -296,9 +297,10 @@ def _results_per_execution(run: Run) -> Counter[int]:
 
 
 def test_two_workers_complete_a_50_execution_run_with_results_once(
-    start_worker: Callable[[str], Worker],
+    start_worker: Callable[..., Worker],
 ) -> None:
-    workers = [start_worker("alpha"), start_worker("beta")]
+    # Four slots in all: the run's 50 executions go out in 5 messages (12, 12, 12, 12, 2).
+    workers = [start_worker("alpha", slots=4), start_worker("beta", slots=4)]
     _wait_ready(workers)
 
     started = time.monotonic()
@@ -316,6 +318,9 @@ def test_two_workers_complete_a_50_execution_run_with_results_once(
     # Both workers took part (prefork x 2 each, prefetch 1).
     claimed_by = {e.claimed_by.split("@", 1)[0] for e in executions}
     assert claimed_by == {"alpha", "beta"}, claimed_by
+    # A few executions per message: the worker name ends with the message's task id.
+    tasks = Counter(e.claimed_by for e in executions)
+    assert len(tasks) == 5 and sorted(tasks.values()) == [2, 12, 12, 12, 12], tasks
 
     assert CheckResult.objects.filter(run=run).count() == 50 * FAST_INVARIANTS
     per_execution = _results_per_execution(run)
@@ -331,9 +336,11 @@ def test_two_workers_complete_a_50_execution_run_with_results_once(
 
 
 def test_run_completes_after_a_worker_is_killed_with_sigkill(
-    start_worker: Callable[[str], Worker],
+    start_worker: Callable[..., Worker],
 ) -> None:
-    victim, survivor = start_worker("victim"), start_worker("survivor")
+    # Four slots: the 12 executions go out 3 per message, so the victim dies holding
+    # messages with executions it has not started yet; they are sent again too.
+    victim, survivor = start_worker("victim", slots=4), start_worker("survivor", slots=4)
     workers = [victim, survivor]
     _wait_ready(workers)
 
