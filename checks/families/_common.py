@@ -325,7 +325,34 @@ def json_schema_validator(schema: dict[str, Any] | bool, what: str) -> Any:
         validator_class.check_schema(schema)
     except exceptions.SchemaError as exc:
         raise ConfigError(f"{what} is invalid: {exc.message}") from exc
-    return validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)
+    return validator_class(schema, format_checker=_format_checker(validator_class))
+
+
+# JSON Schema's "duration" format (drafts 2019-09 and 2020-12) is RFC 3339 Appendix A's
+# grammar. Checked here rather than by the isoduration package, whose import (arrow's with
+# it) cost every `keystone` command ~25 ms, since jsonschema imports every format library
+# it finds installed whether a schema uses it or not.
+_DURATION_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
+_DURATION_DATE = r"(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)"
+_DURATION = re.compile(
+    rf"P(?:{_DURATION_DATE}(?:{_DURATION_TIME})?|{_DURATION_TIME}|\d+W)", re.ASCII
+)
+
+
+def is_duration(instance: object) -> bool:
+    return not isinstance(instance, str) or _DURATION.fullmatch(instance) is not None
+
+
+@functools.cache
+def _format_checker(validator_class: Any) -> Any:
+    """The draft's format checker (the formats whose libraries are installed), with
+    "duration" checked by is_duration for the drafts that define it."""
+    from jsonschema import Draft201909Validator, Draft202012Validator, FormatChecker
+
+    checker = FormatChecker(validator_class.FORMAT_CHECKER.checkers)
+    if validator_class in (Draft201909Validator, Draft202012Validator):
+        checker.checks("duration")(is_duration)
+    return checker
 
 
 # --- similarity of two texts (similarity, behavior_unchanged, drift) -------------------------

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
-import shutil
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +45,8 @@ from evaluations.runner.toolproxy import ToolProxy, with_model_arguments
 
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -252,7 +254,12 @@ def run_execution(
             warnings = redact(warnings, secrets)
     finally:
         if not config.keep_workspace:
-            shutil.rmtree(workspace, ignore_errors=True)
+            # Also what the agent left read-only (rmtree's ignore_errors would leave it on
+            # the disk); a failure to clean up does not change the execution's outcome.
+            try:
+                ws.remove_workspace(workspace)
+            except OSError:
+                logger.warning("could not remove the workspace %s", workspace, exc_info=True)
     return ExecutionOutcome(artifact, results, violations, warnings, agent_cpu_ms, workspace)
 
 

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from checks.results import FailureCode
 
 SCHEMA = {
@@ -81,3 +83,33 @@ def test_format_is_checked_as_kindlm_does(run_check) -> None:
     paths = {error["path"] for error in outcome.details["errors"]}
     assert paths == {"/email", "/when", "/site"}
     assert "'not-an-email' is not a 'email'" in outcome.message
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [
+        ("P3D", True),
+        ("P1W", True),
+        ("PT1H30M", True),
+        ("PT45S", True),
+        ("P1Y2M3DT4H5M6S", True),
+        ("P2M", True),
+        ("P", False),
+        ("PT", False),
+        ("3D", False),
+        ("P1H", False),  # hours only after T
+        ("P1M2Y", False),  # the largest unit first
+        ("P1.5D", False),  # RFC 3339 Appendix A has no fractions
+        ("P1W2D", False),  # weeks stand alone
+        ("P3D ", False),
+        ("P\u0663D", False),  # an Arabic-Indic digit is not a DIGIT
+    ],
+)
+def test_duration_format_follows_rfc_3339_appendix_a(run_check, value: str, valid: bool) -> None:
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "string",
+        "format": "duration",
+    }
+    outcome = run_check({"type": "schema", "schema": schema}, output=json.dumps(value))
+    assert outcome.passed is valid, outcome.message
