@@ -393,12 +393,18 @@ class _Outcomes:
         while True:
             if self._reader.poll():
                 return pickle.loads(self._reader.recv_bytes())
+            # Each exit code read once: a process that died between two reads would be
+            # neither reported nor waited for, and the wait below would never end.
+            running = []
             for child in children:
-                if child.exitcode not in (None, 0):
+                exitcode = child.exitcode
+                if exitcode not in (None, 0):
                     raise RuntimeError(
-                        f"a process running executions ended with exit code {child.exitcode}"
+                        f"a process running executions ended with exit code {exitcode}"
                     )
-            wait([self._reader, *(child.sentinel for child in children if child.exitcode is None)])
+                if exitcode is None:
+                    running.append(child.sentinel)
+            wait([self._reader, *running])
 
 
 PROGRESS_FIELDS = (

@@ -187,3 +187,42 @@ def test_a_killed_execution_process_fails_the_run_at_once_and_says_so(tmp_path: 
         errors = [e for (e,) in db.execute("SELECT error FROM evaluations_execution")]
     assert status == "cancelled" and left == 0
     assert errors.count("the process running it ended with exit code -9") == 1, errors
+
+
+class _DyingChild:
+    """A forked process seen dying between two looks: running at the first read of its exit
+    code, dead (SIGKILL) from the second on; its sentinel already says it ended."""
+
+    def __init__(self) -> None:
+        self.sentinel, writer = os.pipe()
+        os.close(writer)  # the process's end closed: readable at once, as after its exit
+        self.reads = itertools.count()
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if next(self.reads) == 0 else -9
+
+
+@pytest.mark.embedded
+def test_a_process_that_dies_while_outcomes_are_awaited_is_reported() -> None:
+    import multiprocessing
+
+    from evaluations.cli_commands import _Outcomes
+
+    outcomes = _Outcomes(multiprocessing.get_context("fork"))
+    child = _DyingChild()
+    raised: list[BaseException] = []
+
+    def wait_for_outcome() -> None:
+        try:
+            outcomes.get([child])
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    waiting = threading.Thread(target=wait_for_outcome, daemon=True)
+    waiting.start()
+    waiting.join(timeout=10)
+    # It did not wait for an outcome nobody will send.
+    assert not waiting.is_alive()
+    assert [str(exc) for exc in raised] == ["a process running executions ended with exit code -9"]
+    os.close(child.sentinel)
