@@ -275,12 +275,16 @@ def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
                 raise outcome
             progress.step(done, total, outcome)
     except BaseException:
-        # Ctrl-C or an error (a thread's, or a forked process that died): start nothing more
-        # and cancel the run, which no one else would finish. Its running executions'
-        # sandboxes are stopped by their lease watchers, so the threads end without waiting
-        # for their agents.
-        work.stopping.set()
-        services.run_cancel(run_id=run_id)
+        # Ctrl-C or an error (a thread's, or a forked process that died): cancel the run,
+        # which no one else would finish, and start nothing more. The lease rounds stop the
+        # running executions' sandboxes, so the threads end without waiting for their agents:
+        # at once, not at the next round, in this process and (once they see `stopping`,
+        # _execute_in_child) in the forked ones.
+        try:
+            services.run_cancel(run_id=run_id)
+        finally:
+            work.stopping.set()
+        services.execution_leases_renew_now()
         _record_dead_children(run_id, children)
         raise
     finally:
@@ -423,12 +427,23 @@ def _execute_in_child(work: _SharedWork, threads: int) -> None:
     left. Ctrl-C reaches every process of the terminal's group: only the parent acts on it."""
     import atexit
 
+    from evaluations import services
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # What this process starts for its executions and stops at exit (agent.start servers,
     # local PostgreSQL clusters) is stopped by atexit handlers, which multiprocessing skips
     # (a forked process ends with os._exit): they are run here, after dropping the ones
     # inherited from the parent, which are the parent's to run.
     atexit._clear()
+
+    def stop_agents_once_stopping() -> None:  # set once the run is cancelled
+        # Polled, not wait(): the parent's set() waits for every waiter to wake, forever
+        # for one in a process that was killed.
+        while not work.stopping.is_set():
+            time.sleep(0.25)
+        services.execution_leases_renew_now()
+
+    threading.Thread(target=stop_agents_once_stopping, daemon=True).start()
     try:
         running = [threading.Thread(target=work.execute_until_done) for _ in range(threads)]
         for thread in running:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         execution_claim,
         execution_enqueue,
         execution_execute,
+        execution_leases_renew_now,
         execution_release,
         execution_requeue_expired,
     )
@@ -131,6 +132,7 @@ _NAMES = {
         "execution_claim",
         "execution_enqueue",
         "execution_execute",
+        "execution_leases_renew_now",
         "execution_release",
         "execution_requeue_expired",
     ),
@@ -231,6 +233,7 @@ __all__ = [
     "execution_claim",
     "execution_enqueue",
     "execution_execute",
+    "execution_leases_renew_now",
     "execution_record",
     "execution_record_error",
     "execution_release",

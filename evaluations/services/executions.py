@@ -334,6 +334,14 @@ class _Leases:
         with self._lock:
             self._held.remove(lease)
 
+    def renew_now(self) -> None:
+        """Renew every lease now, which stops the sandboxes of a run cancelled meanwhile,
+        instead of at their next round (up to a third of a lease away)."""
+        with self._lock:
+            for lease in self._held:
+                lease.due = time.monotonic()
+            self._wake.notify()
+
     def _run(self) -> None:
         while True:
             with self._lock:
@@ -387,6 +395,12 @@ def _leases_of_a_forked_process() -> None:
 
 
 os.register_at_fork(after_in_child=_leases_of_a_forked_process)
+
+
+def execution_leases_renew_now() -> None:
+    """This process's running executions see a cancelled run at once: `keystone run` calls
+    it on Ctrl-C, so it does not wait for the next lease round to stop the agents."""
+    _leases.renew_now()
 
 
 def execution_requeue_expired(*, enqueue: bool = True) -> list[int]:

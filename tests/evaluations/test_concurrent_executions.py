@@ -139,8 +139,9 @@ def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(tmp_path:
 
     process, database = _two_agents_running(tmp_path)
     process.send_signal(signal.SIGINT)
-    # Far less than the agents' 120 s: the interrupt does not wait for them.
-    _, err = process.communicate(timeout=60)
+    # Far less than the agents' 120 s, and than the next lease round (20 s) of either
+    # process: the interrupt stops their agents at once.
+    _, err = process.communicate(timeout=15)
     assert process.returncode == 4 and "interrupted" in err, err
     with sqlite3.connect(database) as db:
         status = db.execute("SELECT status FROM evaluations_run").fetchone()[0]
@@ -176,7 +177,8 @@ def test_a_killed_execution_process_fails_the_run_at_once_and_says_so(tmp_path: 
     process, database = _two_agents_running(tmp_path)  # one in each process
     [child] = _python_children(process.pid)
     os.kill(child, signal.SIGKILL)
-    _, err = process.communicate(timeout=90)  # not the agents' 120 s
+    # Not the agents' 120 s, nor the next lease round (20 s): the parent's agent stops at once.
+    _, err = process.communicate(timeout=15)
     assert process.returncode == 4, err
     assert "ended with exit code -9" in err, err
     with sqlite3.connect(database) as db:
