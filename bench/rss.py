@@ -24,20 +24,43 @@ def processes() -> dict[int, tuple[int, int]]:
     return found
 
 
-def tree(root: int) -> list[tuple[int, int]]:
-    """(pid, resident bytes) of `root` and every process under it."""
+def trees(roots: list[int]) -> dict[int, list[tuple[int, int]]]:
+    """(pid, resident bytes) of each root and every process under it, from one look at
+    /proc (reading every process's stat is the sampler's whole cost)."""
     found = processes()
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in found.items():
         children.setdefault(parent, []).append(pid)
-    members, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        if pid in found:
-            members.append((pid, found[pid][1]))
-            stack.extend(children.get(pid, []))
-    return members
+    result = {}
+    for root in roots:
+        members, stack = [], [root]
+        while stack:
+            pid = stack.pop()
+            if pid in found:
+                members.append((pid, found[pid][1]))
+                stack.extend(children.get(pid, []))
+        result[root] = members
+    return result
+
+
+def tree(root: int) -> list[tuple[int, int]]:
+    """(pid, resident bytes) of `root` and every process under it."""
+    return trees([root])[root]
 
 
 def tree_rss(root: int) -> int:
     return sum(size for _, size in tree(root))
+
+
+def pss(pid: int) -> int:
+    """The process's proportional set size in bytes: its resident pages, each shared page
+    divided among the processes sharing it (a prefork pool's children share most of their
+    memory with their parent, which a sum of resident sets counts once per process)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0  # it ended while we looked
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0

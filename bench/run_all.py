@@ -120,6 +120,14 @@ def benches(tmp: Path) -> list[Bench]:
               [PYTHON, "bench/bench_throughput.py", "--executions", "1000",
                "--database-url", f"{PG}/keystone_bench_throughput", "--broker-url", "{redis}"],
               number_after(r"throughput: ([\d.]+) executions/s"), "executions/s",
+              more=(
+                  Figure("2 Celery workers: a worker's memory, PSS of its process tree "
+                         "(shared pages counted once)", "<= 150 MB",
+                         number_after(r"worker one: peak PSS ([\d.]+) MB"), "MB"),
+                  Figure("2 Celery workers: a worker's largest process, RSS", "<= 150 MB",
+                         number_after(r"worker one: .*largest process's RSS ([\d.]+) MB"),
+                         "MB"),
+              ),
               smoke_argv=[PYTHON, "bench/bench_throughput.py", "--executions", "20",
                           "--database-url", f"{PG}/keystone_bench_throughput_smoke",
                           "--broker-url", "{redis}"]),

@@ -6,9 +6,11 @@ runs the task in the calling process: the embedded default needs no broker.
 
 from __future__ import annotations
 
+import gc
 import os
 
 from celery import Celery
+from celery.signals import worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "keystone_web.settings")
 
@@ -16,3 +18,19 @@ app = Celery("keystone_web")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Finds `tasks.py` in every installed app (evaluations/tasks.py).
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def _import_what_executions_need(**_: object) -> None:
+    """Imported once in the worker's main process, before its pool forks: the pool's
+    children share these pages instead of each importing (and holding) its own copy, as
+    they did at their first execution."""
+    import evaluations.judge  # noqa: F401
+    import evaluations.runner.harness  # noqa: F401
+    import evaluations.services.executions  # noqa: F401
+
+    # Out of the collector's sight (after collecting what is garbage already): a collection
+    # in a child writes to every object it examines, which copied the shared pages into
+    # each child.
+    gc.collect()
+    gc.freeze()
