@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import signal
 import time
@@ -216,9 +217,19 @@ class CommandCgroup:
 _STALE_SECONDS = 120.0
 
 
+# How often a process looks for them: a look reads every group's entry (a scandir and a
+# stat each), which every command paid before.
+_SWEEP_SECONDS = 30.0
+_last_sweep: dict[Path, float] = {}  # parent -> time.monotonic() of this process's last look
+
+
 def _remove_stale(parent: Path) -> None:
     """Remove the empty groups dead workers left behind; a group with processes in it cannot
     be removed (the kernel refuses), so a live one is never touched."""
+    now = time.monotonic()
+    if now - _last_sweep.get(parent, -math.inf) < _SWEEP_SECONDS:
+        return
+    _last_sweep[parent] = now
     try:
         entries = list(os.scandir(parent))
     except OSError:

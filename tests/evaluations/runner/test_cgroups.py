@@ -5,9 +5,14 @@ it is which group the worker uses, what it writes there, and that a command join
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 
+import pytest
+
+from evaluations.runner import cgroups
 from evaluations.runner.cgroups import CommandCgroup, find_hierarchies
 
 V2_SELF = "0::/system.slice/keystone-worker.service\n"
@@ -92,3 +97,37 @@ def test_without_cgroup_controllers_at_the_root_v1_is_used(tmp_path: Path) -> No
         pids, memory = group.paths
         assert (pids / "pids.max").read_text() == "7"
         assert (memory / "memory.limit_in_bytes").read_text() == str(1024 * 1024)
+
+
+def test_empty_groups_dead_workers_left_are_removed_once_in_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parent = tmp_path / "pids"
+    parent.mkdir()
+    old = time.time() - cgroups._STALE_SECONDS - 10
+
+    def group(name: str, mtime: float) -> Path:
+        path = parent / name
+        path.mkdir()
+        os.utime(path, (mtime, mtime))
+        return path
+
+    dead, young, other = (
+        group("keystone-dead", old),
+        group("keystone-young", time.time()),
+        group("worker", old),
+    )
+    clock = [1000.0]
+    monkeypatch.setattr(cgroups.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cgroups, "_last_sweep", {})
+    cgroups._remove_stale(parent)
+    # Only a group of Keystone's that has been empty for long: a young one may be about to
+    # receive its command, and the worker's own leaf is not Keystone's to remove.
+    assert not dead.exists() and young.exists() and other.exists()
+    later = group("keystone-later", old)
+    clock[0] += cgroups._SWEEP_SECONDS / 2
+    cgroups._remove_stale(parent)  # looked not long ago: not again yet
+    assert later.exists()
+    clock[0] += cgroups._SWEEP_SECONDS
+    cgroups._remove_stale(parent)
+    assert not later.exists() and young.exists()
