@@ -113,8 +113,9 @@ def test_the_task_sends_back_what_it_had_no_time_for_and_retries_what_could_not_
     monkeypatch.setattr(
         services, "execution_enqueue", lambda *, execution_ids: enqueued.append(execution_ids)
     )
-    # apply() runs the task here, and its retry too (at once: eager).
-    outcome = tasks.executions_run.apply(args=(1, 2, 3, 4, 5), task_id="t-1")
+    # apply() runs the task here, and its retry too, at once (throw=False: the retry is
+    # applied, not raised, whatever task_eager_propagates says).
+    outcome = tasks.executions_run.apply(args=(1, 2, 3, 4, 5), task_id="t-1", throw=False)
     assert outcome.successful(), outcome.result
     assert enqueued == [[4, 5]]  # back to the queue, for any worker
     # The retry takes only the execution given back, under the same task id.
