@@ -328,6 +328,11 @@ class Run(models.Model):
     # matrix's cells summed over scenarios), written by run_finalize: the trends page reads
     # these few hundred bytes for each of its 100 runs instead of each ~58 kB summary.
     invariant_counts = models.JSONField(default=dict, blank=True)
+    # The keys of the summary's groups and invariant x scenario cells that did not pass,
+    # {"groups": [...], "cells": [...]} (selectors.regressions.summary_failing_keys), written
+    # by run_finalize: the regressions report walks 50 runs back per spec to find when a
+    # regression began, and reads these instead of each run's ~26 kB of groups and matrix.
+    failing_keys = models.JSONField(default=dict, blank=True)
     execution_count = models.PositiveIntegerField(default=0)
     executions_done = models.PositiveIntegerField(default=0)
     warnings = models.JSONField(default=list, blank=True)

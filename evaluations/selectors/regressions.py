@@ -222,6 +222,19 @@ def cells_by_key(matrix: Any) -> dict[str, dict[str, Any]]:
     return cells
 
 
+def summary_failing_keys(summary: Any) -> dict[str, list[str]]:
+    """The keys of a run summary's groups and invariant x scenario cells that did not pass
+    (failed or flaky), as Run.failing_keys stores them; migration 0015 has a copy of this
+    for the runs finalized before it."""
+    summary = summary if isinstance(summary, dict) else {}
+    groups = groups_by_key(summary.get("groups"))
+    cells = cells_by_key(summary.get("matrix"))
+    return {
+        "groups": sorted(key for key, group in groups.items() if not group_passed(group)),
+        "cells": sorted(key for key, cell in cells.items() if not group_passed(cell)),
+    }
+
+
 def project_has_baseline(project: Project) -> bool:
     """Whether any spec of the project has an active baseline to compare runs with."""
     return Baseline.objects.filter(project=project, active=True).exists()

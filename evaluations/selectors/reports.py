@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models.fields.json import KeyTransform
+from django.db.models import F, Q, Window
+from django.db.models.functions import DenseRank, RowNumber
 from django.urls import reverse
 from django.utils import timezone
 
@@ -32,9 +33,6 @@ from evaluations.models import (
 )
 from evaluations.selectors.regressions import (
     Regression,
-    cells_by_key,
-    group_passed,
-    groups_by_key,
     project_group_changes,
 )
 
@@ -145,7 +143,8 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
     """(regressions, improvements) of the project now, per scenario x prompt group and per
     invariant x scenario cell."""
     regressions, improvements = project_group_changes(project, cells=True)
-    history = _recent_summaries(project, {r.spec_slug for r in regressions})
+    history = _recent_failing_keys(project, {r.spec_slug for r in regressions})
+    failing = _failing_executions(regressions)
     runs = {
         row["id"]: row
         for row in Run.objects.filter(
@@ -184,61 +183,116 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
             since_url=reverse("run_detail", args=[project.slug, since]) if since else "",
             failing_urls=[
                 reverse("execution_detail", args=[project.slug, pk])
-                for pk in _failing_executions(r)
+                for pk in failing.get(_failing_key(r), [])
             ],
         )
 
     return [regressed(r) for r in regressions], [row(r) for r in improvements]
 
 
-def _recent_summaries(project: Project, specs: set[str]) -> dict[str, list[dict[str, Any]]]:
-    """Per spec, its last completed runs, newest first: id, groups and matrix."""
+def _recent_failing_keys(project: Project, specs: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """Per spec, its last completed runs, newest first: id and the keys of the groups and
+    of the cells that did not pass (Run.failing_keys, not the runs' summaries)."""
     history: dict[str, list[dict[str, Any]]] = {}
     for spec in specs:
-        history[spec] = list(
+        runs = (
             Run.objects.filter(project=project, spec__slug=spec, status="completed")
             .order_by("-finished", "-id")
-            .annotate(
-                groups=KeyTransform("groups", "summary"),
-                matrix=KeyTransform("matrix", "summary"),
-            )
-            .values("id", "groups", "matrix")[:SINCE_LOOKBACK]
+            .values_list("id", "failing_keys")[:SINCE_LOOKBACK]
         )
+        history[spec] = [
+            {
+                "id": run_id,
+                "groups": set((keys or {}).get("groups") or ()),
+                "cells": set((keys or {}).get("cells") or ()),
+            }
+            for run_id, keys in runs
+        ]
     return history
 
 
 def _failing_since(r: Regression, runs: list[dict[str, Any]]) -> int | None:
     """The oldest run of the unbroken streak, ending at the regressed run, in which the
-    group or cell did not pass."""
+    group or cell did not pass (a run without it, or where it passed, ends the streak)."""
     since = None
+    kind = "cells" if r.invariant else "groups"
     for run in runs:
         if run["id"] > r.run_id:
             continue  # newer than the run the regression was read from
-        items = cells_by_key(run["matrix"]) if r.invariant else groups_by_key(run["groups"])
-        item = items.get(r.group)
-        if item is None or group_passed(item):
+        if r.group not in run[kind]:
             break
         since = run["id"]
     return since
 
 
-def _failing_executions(r: Regression, limit: int = 3) -> list[int]:
+def _failing_key(r: Regression) -> tuple[Any, ...]:
+    """What a regression's failing executions are looked up by in _failing_executions."""
     if r.invariant:
-        return list(
+        return ("cell", r.run_id, r.invariant, r.scenario)
+    return ("group", r.run_id, r.scenario, r.prompt_index)
+
+
+def _failing_executions(
+    regressions: list[Regression], limit: int = 3
+) -> dict[tuple[Any, ...], list[int]]:
+    """Up to `limit` failing executions of each regression (the first by id), by
+    _failing_key: two queries for all of them, each partition of the rows numbered by the
+    database, instead of a query per regression. A cell's are the executions of its
+    scenario with a failing result of its invariant; a group's, its scenario's failing
+    executions (of its prompt, when it has one)."""
+    found: dict[tuple[Any, ...], list[int]] = {}
+    cells = [r for r in regressions if r.invariant]
+    if cells:
+        results = (
             CheckResult.objects.filter(
-                run_id=r.run_id,
-                invariant_id=r.invariant,
-                execution__scenario=r.scenario,
+                run_id__in={r.run_id for r in cells},
+                invariant_id__in={r.invariant for r in cells},
                 passed=False,
             )
+            # DENSE_RANK: an execution with two failing results of the invariant counts once.
+            .annotate(
+                rank=Window(
+                    DenseRank(),
+                    partition_by=[F("run_id"), F("invariant_id"), F("execution__scenario")],
+                    order_by=F("execution_id").asc(),
+                )
+            )
+            .filter(rank__lte=limit)
             .order_by("execution_id")
-            .values_list("execution_id", flat=True)
-            .distinct()[:limit]
+            .values_list("run_id", "invariant_id", "execution__scenario", "execution_id")
         )
-    executions = Execution.objects.filter(run_id=r.run_id, scenario=r.scenario, passed=False)
-    if r.prompt_index is not None:
-        executions = executions.filter(prompt_index=r.prompt_index)
-    return list(executions.order_by("id").values_list("id", flat=True)[:limit])
+        for run_id, invariant, scenario, execution_id in results:
+            ids = found.setdefault(("cell", run_id, invariant, scenario), [])
+            if execution_id not in ids:
+                ids.append(execution_id)
+    groups = [r for r in regressions if not r.invariant]
+    if groups:
+        by_scenario = [F("run_id"), F("scenario")]
+        executions = (
+            Execution.objects.filter(
+                run_id__in={r.run_id for r in groups},
+                scenario__in={r.scenario for r in groups},
+                passed=False,
+            )
+            # A group without a prompt index takes its scenario's first failing executions.
+            .annotate(
+                in_scenario=Window(RowNumber(), partition_by=by_scenario, order_by=F("id").asc()),
+                in_prompt=Window(
+                    RowNumber(),
+                    partition_by=[*by_scenario, F("prompt_index")],
+                    order_by=F("id").asc(),
+                ),
+            )
+            .filter(Q(in_scenario__lte=limit) | Q(in_prompt__lte=limit))
+            .order_by("id")
+            .values_list("run_id", "scenario", "prompt_index", "id", "in_scenario", "in_prompt")
+        )
+        for run_id, scenario, prompt_index, pk, in_scenario, in_prompt in executions:
+            if in_scenario <= limit:
+                found.setdefault(("group", run_id, scenario, None), []).append(pk)
+            if in_prompt <= limit:
+                found.setdefault(("group", run_id, scenario, prompt_index), []).append(pk)
+    return found
 
 
 def regression_rows(project: Project) -> list[RegressionRow]:

@@ -1,0 +1,139 @@
+"""The regressions report's history (issue 18): each run's groups and cells that did not
+pass are stored when it is finalized (Run.failing_keys, backfilled by migration 0015), the
+report finds since which run a regression has lasted from those, and it reads every
+regression's first failing executions in one query per kind, not one per row."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from evaluations import services
+from evaluations.models import CheckResult, Execution, Run, RunStatus
+from evaluations.selectors.regressions import summary_failing_keys
+from tests.evaluations.views.run_data import synthetic_run, synthetic_version
+
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
+
+backfill_migration = importlib.import_module("evaluations.migrations.0015_run_failing_keys")
+
+
+def test_finalize_stores_the_groups_and_cells_that_did_not_pass(two_projects: Any) -> None:
+    version = synthetic_version(two_projects.mine)  # 3 scenarios x 2 prompts x 2 replicas
+
+    run = synthetic_run(version)  # `cites` fails in tool-outage, flaky in slow-llm
+
+    run.refresh_from_db()
+    assert run.failing_keys == {
+        "groups": [
+            "slow-llm / prompt 0",
+            "slow-llm / prompt 1",
+            "tool-outage / prompt 0",
+            "tool-outage / prompt 1",
+        ],
+        "cells": ["cites @ slow-llm", "cites @ tool-outage"],
+    }
+    passing = synthetic_run(version, failing_scenario="", flaky_scenario="")
+    passing.refresh_from_db()
+    assert passing.failing_keys == {"groups": [], "cells": []}
+
+
+def test_the_backfill_stores_what_finalize_does_batch_after_batch(
+    two_projects: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    version = synthetic_version(two_projects.mine)
+    finalized = [
+        synthetic_run(version),
+        synthetic_run(version, failing_scenario="no-chaos", flaky_scenario=""),
+        synthetic_run(version, failing_scenario="", flaky_scenario=""),
+    ]
+    unfinished = Run.objects.create(
+        project=two_projects.mine, spec_version=version, status=RunStatus.RUNNING
+    )
+    stored = {run.pk: Run.objects.get(pk=run.pk).failing_keys for run in finalized}
+    Run.objects.update(failing_keys={})  # as before migration 0015
+    monkeypatch.setattr(backfill_migration, "BATCH", 2)  # two batches for three runs
+
+    backfill_migration.backfill(apps, None)
+
+    after = dict(Run.objects.values_list("pk", "failing_keys"))
+    assert {pk: after[pk] for pk in stored} == stored
+    assert after[unfinished.pk] == {}  # no summary, nothing to store
+    for run in finalized:
+        run.refresh_from_db()
+        assert after[run.pk] == summary_failing_keys(run.summary)
+    assert after[finalized[1].pk]["cells"] == ["cites @ no-chaos"]
+
+
+def first_failing_executions(row: dict[str, Any], limit: int = 3) -> list[int]:
+    """A regression's first failing executions, one plain query (what the report did per
+    row before)."""
+    if row["invariant"]:
+        scenario = row["group"].split(" @ ")[1]
+        ids = (
+            CheckResult.objects.filter(
+                run_id=row["run_id"],
+                invariant_id=row["invariant"],
+                execution__scenario=scenario,
+                passed=False,
+            )
+            .order_by("execution_id")
+            .values_list("execution_id", flat=True)
+            .distinct()
+        )
+    else:
+        scenario, prompt = row["group"].split(" / prompt ")
+        ids = Execution.objects.filter(
+            run_id=row["run_id"], scenario=scenario, prompt_index=int(prompt), passed=False
+        ).values_list("id", flat=True)
+    return list(ids.order_by("id" if not row["invariant"] else "execution_id")[:limit])
+
+
+def test_each_regression_has_its_streak_and_first_failing_executions_in_fixed_queries(
+    two_projects: Any, member: Any, client_as: Any
+) -> None:
+    mine, client = two_projects.mine, client_as("viewer")
+    admin = member("admin")
+    version = synthetic_version(two_projects.mine, replicas=4)
+    baseline = synthetic_run(version, failing_scenario="", flaky_scenario="", branch="main")
+    services.baseline_promote(run_id=baseline.pk, user=admin, reason="passing")
+    url = reverse("regressions", args=[mine.slug]) + "?format=json"
+
+    # tool-outage fails: two groups and one cell regressed.
+    first = synthetic_run(version, flaky_scenario="", branch="main")
+    with CaptureQueriesContext(connection) as fewer:
+        rows = json.loads(client.get(url).content)["regressions"]
+    assert len(rows) == 3
+
+    # tool-outage still fails and slow-llm is flaky now: twice the rows, the same queries.
+    second = synthetic_run(version, branch="main")
+    with CaptureQueriesContext(connection) as more:
+        rows = json.loads(client.get(url).content)["regressions"]
+    assert len(rows) == 6
+    assert len(more.captured_queries) == len(fewer.captured_queries)
+
+    since = {row["group"]: row["since_run_id"] for row in rows}
+    assert since == {
+        "tool-outage / prompt 0": first.pk,
+        "tool-outage / prompt 1": first.pk,
+        "cites @ tool-outage": first.pk,
+        "slow-llm / prompt 0": second.pk,
+        "slow-llm / prompt 1": second.pk,
+        "cites @ slow-llm": second.pk,
+    }
+    # tool-outage fails in its 4 replicas per prompt (8 in its cell): the first 3 are shown;
+    # slow-llm in replica 0 of each prompt.
+    shown = {"tool-outage": 3, "cites @ tool-outage": 3, "slow-llm": 1, "cites @ slow-llm": 2}
+    for row in rows:
+        expected = first_failing_executions(row)
+        assert len(expected) == shown[row["group"].split(" / ")[0]]
+        assert row["failing_urls"] == [
+            reverse("execution_detail", args=[mine.slug, pk]) for pk in expected
+        ]
