@@ -20,10 +20,10 @@ from typing import Any
 
 from django.db.models import F, Q, Window
 from django.db.models.functions import DenseRank, RowNumber
-from django.urls import reverse
 from django.utils import timezone
 
 from checks.reporters import cap_markdown
+from evaluations.charts import id_paths
 from evaluations.models import (
     Baseline,
     CheckResult,
@@ -152,6 +152,12 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
         ).values("id", "branch", "finished", "labels")
     }
 
+    # Each row links three or more pages by id: made from URLs reversed once, as a reverse()
+    # per link (~35 µs) over a hundred rows showed in the report's profile.
+    run_url = id_paths("run_detail", project.slug)
+    compare_url = id_paths("run_compare", project.slug)
+    execution_url = id_paths("execution_detail", project.slug)
+
     def row(r: Regression) -> RegressionRow:
         run = runs[r.run_id]
         return RegressionRow(
@@ -165,9 +171,8 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
             current_pass_rate=r.current_pass_rate,
             status=r.current_status,
             failure_codes=r.failure_codes,
-            run_url=reverse("run_detail", args=[project.slug, r.run_id]),
-            compare_url=reverse("run_compare", args=[project.slug, r.run_id])
-            + f"#{r.compare_anchor}",
+            run_url=run_url(r.run_id),
+            compare_url=f"{compare_url(r.run_id)}#{r.compare_anchor}",
             baseline_counts=r.baseline_counts,
             current_counts=r.current_counts,
             p_value=r.p_value,
@@ -180,11 +185,8 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
         return replace(
             row(r),
             since_run_id=since,
-            since_url=reverse("run_detail", args=[project.slug, since]) if since else "",
-            failing_urls=[
-                reverse("execution_detail", args=[project.slug, pk])
-                for pk in failing.get(_failing_key(r), [])
-            ],
+            since_url=run_url(since) if since else "",
+            failing_urls=[execution_url(pk) for pk in failing.get(_failing_key(r), [])],
         )
 
     return [regressed(r) for r in regressions], [row(r) for r in improvements]
