@@ -3,11 +3,11 @@ from typing import Any
 from django.db import migrations, models
 from django.db.models.fields.json import KeyTransform
 
-BATCH = 200  # runs read and written at a time: each summary's groups and matrix are ~26 kB
+BATCH = 200  # rows read and written at a time: a summary's groups and matrix are ~26 kB
 
-# Copies of selectors.regressions' group_key, groups_by_key, cells_by_key, group_passed and
-# summary_failing_keys as they were when this migration was written (a migration must not
-# change when the app's code does).
+# Copies of selectors.regressions' group_key, groups_by_key, cells_by_key, group_passed,
+# summary_failing_keys and compared_verdicts as they were when this migration was written
+# (a migration must not change when the app's code does).
 
 
 def group_key(group: dict[str, Any]) -> str:
@@ -41,45 +41,70 @@ def cells_by_key(matrix: Any) -> dict[str, dict[str, Any]]:
     return cells
 
 
+def pass_rate(group: dict[str, Any]) -> float | None:
+    for name in ("pass_rate", "pass_at_1"):
+        if isinstance(group.get(name), int | float):
+            return float(group[name])
+    return None
+
+
 def group_passed(group: dict[str, Any]) -> bool:
     if "passed" in group:
         return bool(group["passed"])
-    for name in ("pass_rate", "pass_at_1"):
-        if isinstance(group.get(name), int | float):
-            return float(group[name]) >= 1.0
-    return False
+    rate = pass_rate(group)
+    return rate is not None and rate >= 1.0
 
 
-def failing_keys(groups: Any, matrix: Any) -> dict[str, list[str]]:
+COMPARED = ("status", "failure_codes", "c", "n", "invariant_id", "scenario", "prompt_index")
+
+
+def verdicts(groups: Any, matrix: Any) -> dict[str, list[dict[str, Any]]]:
+    def verdict(key: str, item: dict[str, Any]) -> dict[str, Any]:
+        entry: dict[str, Any] = {"key": key, "passed": group_passed(item)}
+        rate = pass_rate(item)
+        if rate is not None:
+            entry["pass_rate"] = rate
+        entry.update({name: item[name] for name in COMPARED if item.get(name) is not None})
+        return entry
+
     return {
-        "groups": sorted(k for k, g in groups_by_key(groups).items() if not group_passed(g)),
-        "cells": sorted(k for k, c in cells_by_key(matrix).items() if not group_passed(c)),
+        "groups": [verdict(k, g) for k, g in groups_by_key(groups).items()],
+        "cells": [verdict(k, c) for k, c in cells_by_key(matrix).items()],
     }
 
 
+def failing_keys(compared: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:
+    """summary_failing_keys, from the verdicts above (the same groups and cells)."""
+    return {part: sorted(v["key"] for v in compared[part] if not v["passed"]) for part in compared}
+
+
 def backfill(apps: Any, schema_editor: Any) -> None:
-    """Every run finalized before this migration gets the keys run_finalize now stores,
-    BATCH runs at a time by primary key (only the summary's groups and matrix are read)."""
+    """Every run finalized and every baseline promoted before this migration gets what
+    run_finalize and baseline_promote now store, BATCH rows at a time by primary key (only
+    the groups and the matrix of a run's summary or a baseline's data are read)."""
     Run = apps.get_model("evaluations", "Run")
-    last = 0
-    while True:
-        rows = list(
-            Run.objects.filter(pk__gt=last)
-            .order_by("pk")
-            .annotate(
-                groups=KeyTransform("groups", "summary"), matrix=KeyTransform("matrix", "summary")
+    Baseline = apps.get_model("evaluations", "Baseline")
+    for model, column in ((Run, "summary"), (Baseline, "data")):
+        last = 0
+        while True:
+            rows = list(
+                model.objects.filter(pk__gt=last)
+                .order_by("pk")
+                .annotate(
+                    groups=KeyTransform("groups", column), matrix=KeyTransform("matrix", column)
+                )
+                .values_list("pk", "groups", "matrix")[:BATCH]
             )
-            .values_list("pk", "groups", "matrix")[:BATCH]
-        )
-        if not rows:
-            return
-        last = rows[-1][0]
-        changed = [
-            Run(pk=pk, failing_keys=failing_keys(groups, matrix))
-            for pk, groups, matrix in rows
-            if groups or matrix
-        ]
-        Run.objects.bulk_update(changed, ["failing_keys"])
+            if not rows:
+                break
+            last = rows[-1][0]
+            changed = [model(pk=pk, verdicts=verdicts(groups, matrix)) for pk, groups, matrix in rows if groups or matrix]
+            if model is Run:
+                for row in changed:
+                    row.failing_keys = failing_keys(row.verdicts)
+            model.objects.bulk_update(
+                changed, ["verdicts", "failing_keys"] if model is Run else ["verdicts"]
+            )
 
 
 class Migration(migrations.Migration):
@@ -93,6 +118,16 @@ class Migration(migrations.Migration):
             name="failing_keys",
             field=models.JSONField(blank=True, default=dict),
         ),
-        # Going back drops the column (AddField reversed): nothing to undo here.
+        migrations.AddField(
+            model_name="run",
+            name="verdicts",
+            field=models.JSONField(blank=True, default=dict),
+        ),
+        migrations.AddField(
+            model_name="baseline",
+            name="verdicts",
+            field=models.JSONField(blank=True, default=dict),
+        ),
+        # Going back drops the columns (AddField reversed): nothing to undo here.
         migrations.RunPython(backfill, migrations.RunPython.noop),
     ]

@@ -19,7 +19,7 @@ from evaluations.models import (
     Spec,
     SpecVersion,
 )
-from evaluations.selectors.regressions import summary_failing_keys
+from evaluations.selectors.regressions import compared_verdicts, summary_failing_keys
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 _numbers = itertools.count(1)
@@ -52,6 +52,7 @@ def finished_run(
         summary={"groups": groups or []},
         # What run_finalize stores beside the summary (the regressions report reads it).
         failing_keys=summary_failing_keys({"groups": groups or []}),
+        verdicts=compared_verdicts({"groups": groups or []}),
         **metrics,
     )
 
@@ -92,6 +93,7 @@ def baseline_of(spec: Spec, run: Run, groups: list[dict[str, Any]]) -> Baseline:
         name="release-1",
         active=True,
         data={"groups": groups},
+        verdicts=compared_verdicts({"groups": groups}),
     )
 
 

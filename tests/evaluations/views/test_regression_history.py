@@ -1,6 +1,8 @@
-"""The regressions report's history (issue 18): each run's groups and cells that did not
-pass are stored when it is finalized (Run.failing_keys, backfilled by migration 0015), the
-report finds since which run a regression has lasted from those, and it reads every
+"""What the regressions comparison reads (issue 18): each run's groups and cells that did
+not pass (Run.failing_keys) and the compared parts of each group and cell (Run.verdicts,
+Baseline.verdicts) are stored when it is finalized or promoted, and backfilled by
+migration 0015; the comparison on those finds what the whole summaries give, the report
+finds since which run a regression has lasted from the keys, and it reads every
 regression's first failing executions in one query per kind, not one per row."""
 
 from __future__ import annotations
@@ -16,13 +18,22 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from evaluations import services
-from evaluations.models import CheckResult, Execution, Run, RunStatus
-from evaluations.selectors.regressions import summary_failing_keys
+from evaluations.models import Baseline, CheckResult, Execution, Run, RunStatus
+from evaluations.selectors.regressions import (
+    cells_by_key,
+    compared_verdicts,
+    group_passed,
+    groups_by_key,
+    project_group_changes,
+    summary_failing_keys,
+)
 from tests.evaluations.views.run_data import synthetic_run, synthetic_version
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
-backfill_migration = importlib.import_module("evaluations.migrations.0015_run_failing_keys")
+backfill_migration = importlib.import_module(
+    "evaluations.migrations.0015_regression_keys_and_verdicts"
+)
 
 
 def test_finalize_stores_the_groups_and_cells_that_did_not_pass(two_projects: Any) -> None:
@@ -45,8 +56,8 @@ def test_finalize_stores_the_groups_and_cells_that_did_not_pass(two_projects: An
     assert passing.failing_keys == {"groups": [], "cells": []}
 
 
-def test_the_backfill_stores_what_finalize_does_batch_after_batch(
-    two_projects: Any, monkeypatch: pytest.MonkeyPatch
+def test_the_backfill_stores_what_finalize_and_promote_do_batch_after_batch(
+    two_projects: Any, member: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     version = synthetic_version(two_projects.mine)
     finalized = [
@@ -57,19 +68,97 @@ def test_the_backfill_stores_what_finalize_does_batch_after_batch(
     unfinished = Run.objects.create(
         project=two_projects.mine, spec_version=version, status=RunStatus.RUNNING
     )
-    stored = {run.pk: Run.objects.get(pk=run.pk).failing_keys for run in finalized}
-    Run.objects.update(failing_keys={})  # as before migration 0015
-    monkeypatch.setattr(backfill_migration, "BATCH", 2)  # two batches for three runs
+    admin = member("admin")
+    baselines = [
+        services.baseline_promote(run_id=run.pk, user=admin, reason="r") for run in finalized
+    ]
+    stored = {run.pk: Run.objects.get(pk=run.pk) for run in finalized}
+    stored_baselines = dict(Baseline.objects.values_list("pk", "verdicts"))
+    # As before migration 0015: nothing stored.
+    Run.objects.update(failing_keys={}, verdicts={})
+    Baseline.objects.update(verdicts={})
+    monkeypatch.setattr(backfill_migration, "BATCH", 2)  # two batches for three rows
 
     backfill_migration.backfill(apps, None)
 
-    after = dict(Run.objects.values_list("pk", "failing_keys"))
-    assert {pk: after[pk] for pk in stored} == stored
-    assert after[unfinished.pk] == {}  # no summary, nothing to store
-    for run in finalized:
-        run.refresh_from_db()
-        assert after[run.pk] == summary_failing_keys(run.summary)
-    assert after[finalized[1].pk]["cells"] == ["cites @ no-chaos"]
+    after = {run.pk: run for run in Run.objects.all()}
+    for pk, run in stored.items():
+        assert after[pk].failing_keys == run.failing_keys == summary_failing_keys(run.summary)
+        assert after[pk].verdicts == run.verdicts == compared_verdicts(run.summary)
+    assert (after[unfinished.pk].failing_keys, after[unfinished.pk].verdicts) == ({}, {})
+    assert after[finalized[1].pk].failing_keys["cells"] == ["cites @ no-chaos"]
+    assert dict(Baseline.objects.values_list("pk", "verdicts")) == stored_baselines
+    for baseline in baselines:
+        assert stored_baselines[baseline.pk] == compared_verdicts(baseline.data)
+
+
+def changes_from_full_json(project: Any) -> list[tuple[str, str, bool, Any, Any, str, Any]]:
+    """The regressions and improvements compared on the baselines' data and the runs' whole
+    summaries (groups and matrix), as the comparison did before Run.verdicts."""
+    changes = []
+    for baseline in Baseline.objects.filter(project=project, active=True):
+        run = Run.objects.filter(spec=baseline.spec, status="completed").latest("id")
+        if run.pk == baseline.run_id:
+            continue
+        for by_key, part in ((groups_by_key, "groups"), (cells_by_key, "matrix")):
+            before, after = by_key(baseline.data.get(part)), by_key(run.summary.get(part))
+            for key, old in before.items():
+                new = after.get(key)
+                if new is not None and group_passed(old) != group_passed(new):
+                    rate = new.get("pass_rate", new.get("pass_at_1"))
+                    codes = new.get("failure_codes") or None
+                    changes.append(
+                        (
+                            key,
+                            new.get("status"),
+                            group_passed(old),
+                            rate,
+                            new.get("c"),
+                            codes,
+                            run.pk,
+                        )
+                    )
+    return changes
+
+
+def test_the_stored_verdicts_give_the_changes_the_whole_summaries_give(
+    two_projects: Any, member: Any
+) -> None:
+    admin = member("admin")
+    version = synthetic_version(two_projects.mine, replicas=3)
+    # The baseline: tool-outage fails; then it passes and slow-llm fails and is flaky.
+    reference = synthetic_run(version, flaky_scenario="", branch="main")
+    services.baseline_promote(run_id=reference.pk, user=admin, reason="r")
+    latest = synthetic_run(version, failing_scenario="slow-llm", flaky_scenario="no-chaos")
+
+    regressions, improvements = project_group_changes(two_projects.mine, cells=True)
+
+    found = [
+        (
+            r.group,
+            r.current_status,
+            r in regressions,
+            r.current_pass_rate,
+            int(r.current_counts.split("/")[0]) if r.current_counts else None,
+            r.failure_codes or None,
+            r.run_id,
+        )
+        for r in [*regressions, *improvements]
+    ]
+    expected = changes_from_full_json(two_projects.mine)
+    assert sorted(found, key=str) == sorted(expected, key=str)
+    assert {change[0] for change in found} == {
+        "no-chaos / prompt 0",
+        "no-chaos / prompt 1",
+        "slow-llm / prompt 0",
+        "slow-llm / prompt 1",
+        "tool-outage / prompt 0",
+        "tool-outage / prompt 1",
+        "cites @ no-chaos",
+        "cites @ slow-llm",
+        "cites @ tool-outage",
+    }
+    assert latest.pk == regressions[0].run_id
 
 
 def first_failing_executions(row: dict[str, Any], limit: int = 3) -> list[int]:
