@@ -139,12 +139,18 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime | None:
 SINCE_LOOKBACK = 50
 
 
-def regression_changes(project: Project) -> tuple[list[RegressionRow], list[RegressionRow]]:
+def regression_changes(
+    project: Project, *, with_history: bool = True
+) -> tuple[list[RegressionRow], list[RegressionRow]]:
     """(regressions, improvements) of the project now, per scenario x prompt group and per
-    invariant x scenario cell."""
+    invariant x scenario cell. Without `with_history`, a regression's since-which-run and
+    failing executions are left out (three to seven queries), for readers that show neither:
+    the digest and the alerts' count."""
     regressions, improvements = project_group_changes(project, cells=True)
-    history = _recent_failing_keys(project, {r.spec_slug for r in regressions})
-    failing = _failing_executions(regressions)
+    history, failing = {}, {}
+    if with_history:
+        history = _recent_failing_keys(project, {r.spec_slug for r in regressions})
+        failing = _failing_executions(regressions)
     runs = {
         row["id"]: row
         for row in Run.objects.filter(
@@ -181,6 +187,8 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
         )
 
     def regressed(r: Regression) -> RegressionRow:
+        if not with_history:
+            return row(r)
         since = _failing_since(r, history.get(r.spec_slug, []))
         return replace(
             row(r),
@@ -193,23 +201,28 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
 
 
 def _recent_failing_keys(project: Project, specs: set[str]) -> dict[str, list[dict[str, Any]]]:
-    """Per spec, its last completed runs, newest first: id and the keys of the groups and
-    of the cells that did not pass (Run.failing_keys, not the runs' summaries)."""
-    history: dict[str, list[dict[str, Any]]] = {}
-    for spec in specs:
-        runs = (
-            Run.objects.filter(project=project, spec__slug=spec, status="completed")
-            .order_by("-finished", "-id")
-            .values_list("id", "failing_keys")[:SINCE_LOOKBACK]
-        )
-        history[spec] = [
+    """Per spec, its last SINCE_LOOKBACK completed runs, newest first: id and the keys of
+    the groups and of the cells that did not pass (Run.failing_keys, not the runs'
+    summaries). One query for every spec: the runs numbered per spec by the database."""
+    history: dict[str, list[dict[str, Any]]] = {spec: [] for spec in specs}
+    if not specs:
+        return history
+    newest_first = [F("finished").desc(), F("id").desc()]
+    runs = (
+        Run.objects.filter(project=project, spec__slug__in=specs, status="completed")
+        .annotate(recency=Window(RowNumber(), partition_by=F("spec_id"), order_by=newest_first))
+        .filter(recency__lte=SINCE_LOOKBACK)
+        .order_by("spec_id", "recency")
+        .values_list("spec__slug", "id", "failing_keys")
+    )
+    for spec, run_id, keys in runs:
+        history[spec].append(
             {
                 "id": run_id,
                 "groups": set((keys or {}).get("groups") or ()),
                 "cells": set((keys or {}).get("cells") or ()),
             }
-            for run_id, keys in runs
-        ]
+        )
     return history
 
 
@@ -297,9 +310,9 @@ def _failing_executions(
     return found
 
 
-def regression_rows(project: Project) -> list[RegressionRow]:
+def regression_rows(project: Project, *, with_history: bool = True) -> list[RegressionRow]:
     """Every current regression of the project (alerts and the digest read these)."""
-    return regression_changes(project)[0]
+    return regression_changes(project, with_history=with_history)[0]
 
 
 def _iso(moment: datetime | None) -> str:
@@ -308,7 +321,8 @@ def _iso(moment: datetime | None) -> str:
 
 def regressions_in_runs(project: Project, run_ids: list[int]) -> list[RegressionRow]:
     wanted = set(run_ids)
-    return [row for row in regression_rows(project) if row.run_id in wanted]
+    rows = regression_rows(project, with_history=False)  # the alerts count them
+    return [row for row in rows if row.run_id in wanted]
 
 
 def regression_report(

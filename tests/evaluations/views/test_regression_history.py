@@ -226,3 +226,25 @@ def test_each_regression_has_its_streak_and_first_failing_executions_in_fixed_qu
         assert row["failing_urls"] == [
             reverse("execution_detail", args=[mine.slug, pk]) for pk in expected
         ]
+
+
+def test_the_report_reads_every_specs_history_in_one_query(
+    two_projects: Any, member: Any, client_as: Any
+) -> None:
+    mine, client = two_projects.mine, client_as("viewer")
+    admin = member("admin")
+    url = reverse("regressions", args=[mine.slug]) + "?format=json"
+    counts, specs = [], []
+    for _ in range(3):
+        version = synthetic_version(mine)
+        baseline = synthetic_run(version, failing_scenario="", flaky_scenario="")
+        services.baseline_promote(run_id=baseline.pk, user=admin, reason="passing")
+        synthetic_run(version)
+        with CaptureQueriesContext(connection) as queries:
+            rows = json.loads(client.get(url).content)["regressions"]
+        counts.append(len(queries.captured_queries))
+        specs.append(len({row["spec"] for row in rows}))
+        assert all(row["since_run_id"] == row["run_id"] for row in rows)
+
+    assert specs == [1, 2, 3]
+    assert counts[0] == counts[1] == counts[2]
