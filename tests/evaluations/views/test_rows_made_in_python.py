@@ -1,14 +1,20 @@
-"""The regressions report's rows are made in Python (views/reports.py, issue 18): they must
-be what the template's loop wrote, for every kind of value a row can hold."""
+"""Table rows made in Python instead of a template loop (issue 18): the regressions
+report's rows (views/reports.py) and the overview's trend table (views/projects.py). They
+must be what the template's loop wrote, for every kind of value a row can hold."""
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from django.template import engines
 
+from evaluations import charts, selectors
+from evaluations.access import ProjectAccess
+from evaluations.models import Role
 from evaluations.selectors.reports import RegressionRow
+from evaluations.views.projects import _overview_charts
 from evaluations.views.reports import _improvement_row, _regression_rows
 
 # The loops as templates/projects/regressions.html had them before the rows were made in
@@ -88,3 +94,30 @@ def test_the_rows_made_in_python_are_what_the_template_wrote() -> None:
 
     written = engine.from_string(IMPROVEMENT_LOOP).render(context)
     assert "".join(_improvement_row(row) for row in report["improvements"]) == written
+
+
+TREND_LOOP = """{% for row in trend_rows %}
+                  <tr><td>{{ row.spec }}</td><td><a href="{{ row.url }}">#{{ row.id }}</a></td><td class="nowrap">{{ row.created|local_minute }}</td>
+                    <td class="num">{{ row.resilience|fixed:1|default:"—" }}</td><td class="num">{{ row.pass_rate|percent|default:"—" }}</td></tr>
+                {% endfor %}"""  # noqa: E501
+
+
+@pytest.mark.django_db
+def test_the_overviews_trend_rows_are_what_the_template_wrote(
+    two_projects: Any, make_spec: Any, make_run: Any
+) -> None:
+    version = make_spec(two_projects.mine)
+    for failing in ((), ["says_refunded"], [("llm-degraded", "says_refunded")]):
+        make_run(version, failing=failing)
+    make_run(version, resilience=None, pass_rate=None)  # values the table shows as "—"
+
+    _, made = _overview_charts(ProjectAccess(project=two_projects.mine, role=Role.VIEWER))
+
+    points = selectors.project_trend_points(two_projects.mine)
+    link = charts.run_links(two_projects.mine.slug)
+    rows = [
+        {**row, "spec": spec, "url": link(row)} for spec, runs in points.items() for row in runs
+    ]
+    written = engines["django"].from_string("{% load keystone %}" + TREND_LOOP)
+    assert len(made) == 4
+    assert "".join(made) == written.render({"trend_rows": rows})
