@@ -1,19 +1,23 @@
 """Table rows made in Python instead of a template loop (issue 18): the regressions
-report's rows (views/reports.py) and the overview's trend table (views/projects.py). They
-must be what the template's loop wrote, for every kind of value a row can hold."""
+report's rows (views/reports.py), the overview's trend table (views/projects.py) and the
+run table of the overview and a spec's page (the run_table_row filter). They must be what
+the template's loop wrote, for every kind of value a row can hold."""
 
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.template import engines
+from django.utils import timezone
 
 from evaluations import charts, selectors
 from evaluations.access import ProjectAccess
-from evaluations.models import Role
+from evaluations.models import Role, Run
 from evaluations.selectors.reports import RegressionRow
+from evaluations.templatetags.keystone import run_table_row
 from evaluations.views.projects import _overview_charts
 from evaluations.views.reports import _improvement_row, _regression_rows
 
@@ -82,7 +86,7 @@ def rows() -> list[RegressionRow]:
 
 
 @pytest.mark.django_db
-def test_the_rows_made_in_python_are_what_the_template_wrote() -> None:
+def test_the_report_rows_are_what_the_template_wrote() -> None:
     report = {"rows": rows(), "improvements": rows()}
     engine = engines["django"]
     context = {"report": report, "slug": "mine"}
@@ -121,3 +125,59 @@ def test_the_overviews_trend_rows_are_what_the_template_wrote(
     written = engines["django"].from_string("{% load keystone %}" + TREND_LOOP)
     assert len(made) == 4
     assert "".join(made) == written.render({"trend_rows": rows})
+
+
+# The run table's loop as projects/overview.html#run-table had it (from {% for %} to
+# {% endfor %}, the leading indentation dropped), before the run_table_row filter.
+RUN_LOOP = """{% load keystone %}{% for run in runs %}
+          <tr>
+            <td><a href="{{ run.url }}">#{{ run.pk }}</a></td>
+            {% if show_spec %}<td><a href="{{ run.spec_url }}">{{ run.spec.slug }}</a> <span class="muted small">v{{ run.spec_version.number }}</span></td>{% endif %}
+            {# run-status and run-verdict below, written out: an include per row cost more than the row. run.url and run.spec_url: charts.link_run_rows, in the views that show this table. #}
+            <td><span class="badge status-{{ run.status }}">{{ run.status }}{% if run.status == "running" %} {{ run.executions_done }}/{{ run.execution_count }}{% endif %}</span></td>
+            <td>{% if run.gate_passed is None %}<span class="muted">—</span>{% elif run.gate_passed %}<span class="badge pass">gates pass</span>{% else %}<span class="badge fail">gates fail</span>{% endif %}{% if run.exit_code is not None %} <span class="muted small">exit {{ run.exit_code }}</span>{% endif %}</td>
+            <td class="num">{{ run.composite|fixed:2|default:"—" }}</td>
+            <td class="num">{{ run.resilience|fixed:1|default:"—" }}</td>
+            <td class="num">{{ run.pass_rate|percent|default:"—" }}</td>
+            <td class="num">{% if run.cost_usd is not None %}${{ run.cost_usd|fixed:4 }}{% else %}—{% endif %}</td>
+            <td class="num">{% if run.p95_duration_ms is not None %}{{ run.p95_duration_ms|fixed:0 }} ms{% else %}—{% endif %}</td>
+            <td>{{ run.branch|default:"—" }}</td>
+            <td><time datetime="{{ run.created|iso }}" title="{{ run.created }}">{{ run.created|ago }}</time></td>
+          </tr>
+        {% endfor %}"""  # noqa: E501
+
+
+@pytest.mark.django_db
+def test_the_run_table_rows_are_what_the_template_wrote(
+    two_projects: Any, make_spec: Any, make_run: Any
+) -> None:
+    version = make_spec(two_projects.mine)
+    now = timezone.now()
+    kinds = itertools.product(
+        [("completed", True, 0), ("completed", False, 1), ("running", None, None)],
+        [(None, None, None, None), (0.5, 0.0123, 1234.5, 2.5)],
+        ["", "feature/<x>&y"],
+        [now, now - timedelta(days=3, hours=2)],
+    )
+    runs = []
+    for (status, gates, exit_code), (composite, cost, p95, resilience), branch, at in kinds:
+        run = make_run(version, branch=branch, created=at, executions_done=3)
+        Run.objects.filter(pk=run.pk).update(
+            status=status, gate_passed=gates, exit_code=exit_code, composite=composite,
+            cost_usd=cost, p95_duration_ms=p95, resilience=resilience,
+            pass_rate=None if composite is None else 0.955,
+        )  # fmt: skip
+        runs.append(run)
+    runs = list(
+        Run.objects.filter(pk__in=[run.pk for run in runs])
+        .select_related("spec", "spec_version")
+        .order_by("id")
+    )
+    charts.link_run_rows(runs, two_projects.mine.slug)
+    template = engines["django"].from_string(RUN_LOOP)
+
+    for show_spec in (True, False):
+        written = template.render({"runs": runs, "show_spec": show_spec})
+        made = "".join(run_table_row(run, show_spec) for run in runs)
+        assert made == written
+    assert len(runs) == 24 and "just now" in made and "3\xa0days, 2\xa0hours ago" in made
