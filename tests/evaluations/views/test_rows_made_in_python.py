@@ -1,7 +1,8 @@
 """Table rows made in Python instead of a template loop (issue 18): the regressions
-report's rows (views/reports.py), the overview's trend table (views/projects.py) and the
-run table of the overview and a spec's page (the run_table_row filter). They must be what
-the template's loop wrote, for every kind of value a row can hold."""
+report's rows (views/reports.py), the overview's trend table (views/projects.py), the run
+table of the overview and a spec's page (the run_table_row filter) and the review queue's
+rows (views/review.py). They must be what the template's loop wrote, for every kind of
+value a row can hold."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.template import engines
 from django.utils import timezone
 
 from evaluations import charts, selectors
 from evaluations.access import ProjectAccess
-from evaluations.models import Role, Run
+from evaluations.models import ReviewItem, Role, Run, Spec
 from evaluations.selectors.reports import RegressionRow
 from evaluations.templatetags.keystone import run_table_row
 from evaluations.views.projects import _overview_charts
 from evaluations.views.reports import _improvement_row, _regression_rows
+from evaluations.views.review import _queue_rows
 
 # The loops as templates/projects/regressions.html had them before the rows were made in
 # Python (the same text, from {% for %} to {% endfor %}).
@@ -181,3 +184,61 @@ def test_the_run_table_rows_are_what_the_template_wrote(
         made = "".join(run_table_row(run, show_spec) for run in runs)
         assert made == written
     assert len(runs) == 24 and "just now" in made and "3\xa0days, 2\xa0hours ago" in made
+
+
+# The review queue's loop as review/queue.html had it, before views/review.py made its rows.
+QUEUE_LOOP = """{% load keystone %}{% for it in items %}
+              <tr>
+                <td><a href="{{ it.url }}{{ filter_query }}">#{{ it.pk }}</a></td>
+                <td>{{ it.get_reason_display }}</td>
+                <td>{{ it.spec.slug }}</td>
+                <td>#{{ it.run_id }}</td>
+                <td><span class="mono">{{ it.invariant_id }}</span> <span class="muted small">{{ it.criteria|truncatechars:80 }}</span></td>
+                <td class="num">{% if it.blind and it.status == "open" %}<span class="muted">blind</span>{% elif it.judge_score is not None %}{{ it.judge_score|fixed:2 }} <span class="badge {% if it.judge_passed %}pass{% else %}fail{% endif %}">{% if it.judge_passed %}pass{% else %}fail{% endif %}</span>{% else %}—{% endif %}</td>
+                {% if status == "complete" %}<td class="num">{{ it.final_score|fixed:2 }} <span class="badge {% if it.final_passed %}pass{% else %}fail{% endif %}">{% if it.final_passed %}pass{% else %}fail{% endif %}</span></td>{% endif %}
+                <td class="num">{{ it.verdict_count }}/{{ it.reviews_required }}</td>
+                <td>{% if it.claim_is_live %}{{ it.claimed_by.get_username }}{% else %}<span class="muted">—</span>{% endif %}</td>
+                <td class="small">{{ it.created|local_minute }}</td>
+              </tr>
+            {% endfor %}"""  # noqa: E501
+
+
+def test_the_review_queue_rows_are_what_the_template_wrote() -> None:
+    now = timezone.now()
+    reviewer = get_user_model()(pk=7, username="r<v>")
+    kinds = itertools.product(
+        ["open", "adjudication", "complete"],
+        [False, True],  # blind
+        [None, 0.0, 0.456],  # the judge's score
+        [None, now + timedelta(hours=1), now - timedelta(hours=1)],  # claim expiry
+        ["Is the answer polite?", "x" * 79 + "<&>" * 5],
+    )
+    items = []
+    for n, (status, blind, score, expires, criteria) in enumerate(kinds):
+        item = ReviewItem(
+            pk=n + 1,
+            run_id=1000 + n,
+            spec=Spec(slug="refund-agent" if n % 2 else "a_b"),
+            status=status,
+            reason=["all", "borderline", "manual"][n % 3],
+            blind=blind,
+            judge_score=score,
+            judge_passed=bool(score),
+            final_score=None if n % 4 == 0 else 0.75,
+            final_passed=n % 3 == 0,
+            invariant_id="is_polite" if n % 2 else "cites<src>",
+            criteria=criteria,
+            reviews_required=1 + n % 2,
+            claimed_by=reviewer if expires else None,
+            claim_expires=expires,
+            created=now - timedelta(minutes=n),
+        )
+        item.url, item.verdict_count = f"/p/mine/review/{item.pk}/", n % 3
+        items.append(item)
+    template = engines["django"].from_string(QUEUE_LOOP)
+
+    for status, query in (("open", ""), ("complete", "?spec=a&criteria=b")):
+        context = {"items": items, "status": status, "filter_query": query}
+        made = "".join(_queue_rows(items, status=status, filter_query=query))
+        assert made == template.render(context)
+    assert len(items) == 108 and made.count("blind") == 18 and "r&lt;v&gt;" in made
