@@ -3,6 +3,7 @@ the overview and the regressions report."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +55,9 @@ class Regression:
         return change_anchor("invariant" if self.invariant else "group", self.group)
 
 
+@functools.lru_cache(maxsize=4096)
 def change_anchor(kind: str, key: str) -> str:
+    # Cached: the report slugifies every row's key, and the same few keys recur per spec.
     return f"change-{kind}-{slugify(key)}"
 
 
