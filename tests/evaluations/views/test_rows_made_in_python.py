@@ -1,7 +1,7 @@
 """Table rows made in Python instead of a template loop (issue 18): the regressions
 report's rows (views/reports.py), the overview's trend table (views/projects.py), the run
-table of the overview and a spec's page (the run_table_row filter) and the review queue's
-rows (views/review.py). They must be what the template's loop wrote, for every kind of
+table of the overview and a spec's page (the run_table_row filter), the review queue's
+rows (views/review.py) and the trends page's run table (views/specs.py). They must be what the template's loop wrote, for every kind of
 value a row can hold."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from evaluations.templatetags.keystone import run_table_row
 from evaluations.views.projects import _overview_charts
 from evaluations.views.reports import _improvement_row, _regression_rows
 from evaluations.views.review import _queue_rows
+from evaluations.views.specs import _trend_table_row
 
 # The loops as templates/projects/regressions.html had them before the rows were made in
 # Python (the same text, from {% for %} to {% endfor %}).
@@ -242,3 +243,44 @@ def test_the_review_queue_rows_are_what_the_template_wrote() -> None:
         made = "".join(_queue_rows(items, status=status, filter_query=query))
         assert made == template.render(context)
     assert len(items) == 108 and made.count("blind") == 18 and "r&lt;v&gt;" in made
+
+
+# The trends page's run table loop as specs/trends.html had it.
+TRENDS_LOOP = """{% load keystone %}{% for row in rows %}
+                <tr>
+                  <td><a href="{{ row.url }}">#{{ row.id }}</a></td>
+                  <td>v{{ row.spec_version__number }}</td>
+                  <td>{{ row.branch|default:"—" }}</td>
+                  <td><time datetime="{{ row.created|iso }}">{{ row.created|local_minute }}</time></td>
+                  <td class="num">{{ row.resilience|fixed:1|default:"—" }}</td>
+                  <td class="num">{{ row.pass_rate|percent|default:"—" }}</td>
+                  <td class="num">{{ row.judge_mean|fixed:2|default:"—" }}</td>
+                  <td class="num">{% if row.cost_usd is not None %}${{ row.cost_usd|fixed:4 }}{% else %}—{% endif %}</td>
+                  <td class="num">{% if row.p95_duration_ms is not None %}{{ row.p95_duration_ms|fixed:0 }} ms{% else %}—{% endif %}</td>
+                </tr>
+              {% endfor %}"""  # noqa: E501
+
+
+def test_the_trends_run_rows_are_what_the_template_wrote() -> None:
+    now = timezone.now()
+    figures = itertools.product(
+        [None, 0.0, 93.456], [None, 0.955], [None, 0.5], [None, 0.0123], [None, 1234.5]
+    )
+    rows = [
+        {
+            "id": 1000 + n,
+            "url": f"/p/mine/runs/{1000 + n}/",
+            "spec_version__number": 1 + n % 3,
+            "branch": ["", "main", "feature/<x>&y"][n % 3],
+            "created": now - timedelta(hours=n),
+            "resilience": resilience,
+            "pass_rate": pass_rate,
+            "judge_mean": judge,
+            "cost_usd": cost,
+            "p95_duration_ms": p95,
+        }
+        for n, (resilience, pass_rate, judge, cost, p95) in enumerate(figures)
+    ]
+    written = engines["django"].from_string(TRENDS_LOOP).render({"rows": rows})
+    assert "".join(_trend_table_row(row) for row in rows) == written
+    assert len(rows) == 48 and "feature/&lt;x&gt;&amp;y" in written
