@@ -1,7 +1,8 @@
 """Table rows made in Python instead of a template loop (issue 18): the regressions
 report's rows (views/reports.py), the overview's trend table (views/projects.py), the run
 table of the overview and a spec's page (the run_table_row filter), the review queue's
-rows (views/review.py) and the trends page's run table (views/specs.py). They must be what the template's loop wrote, for every kind of
+rows (views/review.py), the trends page's run table (views/specs.py) and the run list
+(views/runs.py). They must be what the template's loop wrote, for every kind of
 value a row can hold."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from evaluations.templatetags.keystone import run_table_row
 from evaluations.views.projects import _overview_charts
 from evaluations.views.reports import _improvement_row, _regression_rows
 from evaluations.views.review import _queue_rows
+from evaluations.views.runs import _run_list_row
 from evaluations.views.specs import _trend_table_row
 
 # The loops as templates/projects/regressions.html had them before the rows were made in
@@ -284,3 +286,54 @@ def test_the_trends_run_rows_are_what_the_template_wrote() -> None:
     written = engines["django"].from_string(TRENDS_LOOP).render({"rows": rows})
     assert "".join(_trend_table_row(row) for row in rows) == written
     assert len(rows) == 48 and "feature/&lt;x&gt;&amp;y" in written
+
+
+# The run list's loop as runs/run_list.html had it.
+RUN_LIST_LOOP = """{% load keystone %}{% for run in runs %}
+              <tr data-run-id="{{ run.pk }}">
+                <td><input type="checkbox" name="run" value="{{ run.pk }}" aria-label="Pick run #{{ run.pk }} to compare"></td>
+                <td><a href="{{ run.url }}">#{{ run.pk }}</a></td>
+                <td class="nowrap"><a href="{{ run.spec_url }}">{{ run.spec.slug }}</a></td>
+                <td>v{{ run.spec_version.number }}</td>
+                <td class="nowrap"><span class="badge status-{{ run.status }}">{{ run.status }}{% if run.status == "running" %} {{ run.executions_done }}/{{ run.execution_count }}{% endif %}</span></td>
+                <td class="nowrap">{% if run.gate_passed is None %}<span class="muted">—</span>{% elif run.gate_passed %}<span class="badge pass">gates pass</span>{% else %}<span class="badge fail">gates fail</span>{% endif %}{% if run.exit_code is not None %} <span class="muted small">exit {{ run.exit_code }}</span>{% endif %}</td>
+                <td class="num">{{ run.composite|fixed:3|default:"—" }}</td>
+                <td class="num">{% if run.pass_rate is not None %}{{ run.pass_rate|percent }}{% else %}—{% endif %}</td>
+                <td class="num">{{ run.resilience|fixed:1|default:"—" }}</td>
+                <td class="num">{% if run.cost_usd is not None %}${{ run.cost_usd|fixed:4 }}{% else %}—{% endif %}</td>
+                <td class="num">{% if run.p95_duration_ms is not None %}{{ run.p95_duration_ms|fixed:0 }} ms{% else %}—{% endif %}</td>
+                <td class="small">
+                  {% if run.branch %}<span class="mono">{{ run.branch }}</span>{% endif %}
+                  {% for key, value in run.labels.items %}{% if key != "branch" and key != "git_sha" %}<span class="label-tag">{{ key }}={{ value }}</span> {% endif %}{% endfor %}
+                </td>
+                <td class="nowrap"><time datetime="{{ run.created|iso }}" title="{{ run.created|local_second }}">{{ run.created|local_minute }}</time></td>
+              </tr>
+            {% endfor %}"""  # noqa: E501
+
+
+@pytest.mark.django_db
+def test_the_run_list_rows_are_what_the_template_wrote(
+    two_projects: Any, make_spec: Any, make_run: Any
+) -> None:
+    version = make_spec(two_projects.mine)
+    kinds = itertools.product(
+        [("completed", True, 0), ("failed", False, 4), ("running", None, None)],
+        [(None, None, None, None), (0.5, 0.0123, 1234.5, 0.955)],
+        [{}, {"branch": "main", "git_sha": "abc", "model": "gpt-<4>&o", "n": 3, "t": 0.5}],
+    )
+    made_runs = []
+    for (status, gates, exit_code), (composite, cost, p95, rate), labels in kinds:
+        run = make_run(version, labels=labels, executions_done=2)
+        Run.objects.filter(pk=run.pk).update(
+            status=status, gate_passed=gates, exit_code=exit_code, composite=composite,
+            cost_usd=cost, p95_duration_ms=p95, pass_rate=rate,
+        )  # fmt: skip
+        made_runs.append(run.pk)
+    runs = list(
+        Run.objects.filter(pk__in=made_runs).select_related("spec", "spec_version").order_by("id")
+    )
+    charts.link_run_rows(runs, two_projects.mine.slug)
+
+    written = engines["django"].from_string(RUN_LIST_LOOP).render({"runs": runs})
+    assert "".join(_run_list_row(run) for run in runs) == written
+    assert len(runs) == 12 and "model=gpt-&lt;4&gt;&amp;o" in written and "t=0.5" in written
