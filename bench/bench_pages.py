@@ -179,6 +179,7 @@ def _seed_history(project: Any) -> None:
     from checks.spec.model import Spec as EngineSpec
     from evaluations import services
     from evaluations.models import Execution, Run, summary_invariant_counts
+    from evaluations.selectors.regressions import compared_verdicts, summary_failing_keys
 
     rng = random.Random(7)
     versions = [
@@ -206,6 +207,8 @@ def _seed_history(project: Any) -> None:
                 branch="main" if index % 3 else "feature",
                 summary=summary,
                 invariant_counts=summary_invariant_counts(summary),
+                failing_keys=summary_failing_keys(summary),
+                verdicts=compared_verdicts(summary),
                 composite=rng.uniform(0.6, 1.0),
                 pass_rate=summary["pass_rate"],
                 resilience=summary["resilience"]["score"],

@@ -328,6 +328,16 @@ class Run(models.Model):
     # matrix's cells summed over scenarios), written by run_finalize: the trends page reads
     # these few hundred bytes for each of its 100 runs instead of each ~58 kB summary.
     invariant_counts = models.JSONField(default=dict, blank=True)
+    # The keys of the summary's groups and invariant x scenario cells that did not pass,
+    # {"groups": [...], "cells": [...]} (selectors.regressions.summary_failing_keys), written
+    # by run_finalize: the regressions report walks 50 runs back per spec to find when a
+    # regression began, and reads these instead of each run's ~26 kB of groups and matrix.
+    failing_keys = models.JSONField(default=dict, blank=True)
+    # What the regressions comparison reads of each group and cell of the summary, in its
+    # order: {"groups": [...], "cells": [...]} (selectors.regressions.compared_verdicts),
+    # written by run_finalize: ~100 bytes an entry instead of the summary's ~26 kB of groups
+    # and matrix, which the overview, the report and the digest decoded for every spec.
+    verdicts = models.JSONField(default=dict, blank=True)
     execution_count = models.PositiveIntegerField(default=0)
     executions_done = models.PositiveIntegerField(default=0)
     warnings = models.JSONField(default=list, blank=True)
@@ -666,6 +676,8 @@ class Baseline(models.Model):
     # Per (scenario x prompt) group: pass rate, first passing output, failure codes,
     # latency and cost; kept here so a baseline outlives the run it came from.
     data = models.JSONField(default=dict, blank=True)
+    # The compared parts of data's groups and matrix (as Run.verdicts), written when promoted.
+    verdicts = models.JSONField(default=dict, blank=True)
     created = models.DateTimeField(default=timezone.now, editable=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,

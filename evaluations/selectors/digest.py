@@ -70,7 +70,7 @@ def digest_markdown(project: Project, *, end: datetime, base_url: str = "") -> s
     ]
     regressions, recoveries = (
         [r for r in rows if r.finished_at and start < r.finished_at <= end]
-        for rows in regression_changes(project)
+        for rows in regression_changes(project, with_history=False)  # shown without either
     )
     for row in regressions:
         codes = ", ".join(f"`{c}`" for c in row.failure_codes) or "no failure code"

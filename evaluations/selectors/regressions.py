@@ -3,10 +3,11 @@ the overview and the regressions report."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Case, Max, When
+from django.db.models import Max
 from django.db.models.fields.json import KeyTransform
 from django.utils.text import slugify
 
@@ -54,7 +55,9 @@ class Regression:
         return change_anchor("invariant" if self.invariant else "group", self.group)
 
 
+@functools.lru_cache(maxsize=4096)
 def change_anchor(kind: str, key: str) -> str:
+    # Cached: the report slugifies every row's key, and the same few keys recur per spec.
     return f"change-{kind}-{slugify(key)}"
 
 
@@ -115,13 +118,10 @@ def project_regressions(project: Project) -> list[Regression]:
 
 def _latest_per_branch(project: Project, *, cells: bool) -> list[dict[str, Any]]:
     """Each (spec, branch) of the project's specs with an active baseline: the baseline that
-    branch compares with (its own, else main's, as active_baseline_for decides), its groups
-    (and with `cells` its matrix), and the branch's latest completed run. Runs with no
-    branch label are main's."""
-    # Only the parts of the baseline's data compared: its matrix is ~14 kB of JSON.
-    parts = {"groups": KeyTransform("groups", "data")}
-    if cells:
-        parts["matrix"] = KeyTransform("matrix", "data")
+    branch compares with (its own, else main's, as active_baseline_for decides), its group
+    verdicts (and with `cells` its cells'), and the branch's latest completed run. Runs with
+    no branch label are main's."""
+    parts = _verdict_parts(cells=cells)
     baselines = {
         (b["spec_id"], b["branch"]): b
         for b in Baseline.objects.filter(project=project, active=True)
@@ -151,6 +151,16 @@ def _latest_per_branch(project: Project, *, cells: bool) -> list[dict[str, Any]]
     return sorted(pairs.values(), key=lambda p: (p["spec__slug"], p["latest_run_id"]))
 
 
+def _verdict_parts(*, cells: bool) -> dict[str, KeyTransform]:
+    """The parts of a run's or baseline's `verdicts` compared: the cells only for the
+    report's per-invariant rows (the overview compares groups alone). Named apart from the
+    models' fields (a baseline's `cells` are its BaselineCell rows)."""
+    parts = {"group_verdicts": KeyTransform("groups", "verdicts")}
+    if cells:
+        parts["cell_verdicts"] = KeyTransform("cells", "verdicts")
+    return parts
+
+
 def project_group_changes(
     project: Project, *, cells: bool = False
 ) -> tuple[list[Regression], list[Regression]]:
@@ -159,17 +169,12 @@ def project_group_changes(
     each branch's latest run against its branch's baseline (else main's). With `cells`, the
     invariant x scenario cells of the matrix too (the report's per-invariant rows)."""
     baselines = _latest_per_branch(project, cells=cells)
-    run_ids = [b["latest_run_id"] for b in baselines]
-    # A run's matrix (~14 kB of JSON) is read only when its cells are compared: not for the
-    # overview, which compares groups alone, and not for a run whose baseline has no matrix
-    # to compare it with (one promoted before baselines kept their matrix).
-    with_matrix = [b["latest_run_id"] for b in baselines if cells and b.get("matrix")]
-    parts: dict[str, Any] = {"groups": KeyTransform("groups", "summary")}
-    if with_matrix:
-        parts["matrix"] = Case(When(pk__in=with_matrix, then=KeyTransform("matrix", "summary")))
+    parts = _verdict_parts(cells=cells)
     current = {
         row["id"]: row
-        for row in Run.objects.filter(pk__in=run_ids).annotate(**parts).values("id", *parts)
+        for row in Run.objects.filter(pk__in=[b["latest_run_id"] for b in baselines])
+        .annotate(**parts)
+        .values("id", *parts)
     }
     regressions: list[Regression] = []
     improvements: list[Regression] = []
@@ -177,12 +182,8 @@ def project_group_changes(
         run_id = baseline["latest_run_id"]
         if run_id == baseline["run_id"]:
             continue  # nothing ran since the baseline was taken
-        pairs = [(groups_by_key(baseline["groups"]), groups_by_key(current[run_id]["groups"]))]
-        if cells:
-            pairs.append(
-                (cells_by_key(baseline["matrix"]), cells_by_key(current[run_id].get("matrix")))
-            )
-        for before, after in pairs:
+        for part in parts:
+            before, after = _by_key(baseline[part]), _by_key(current[run_id][part])
             for key, old in before.items():
                 new = after.get(key)
                 if new is None or group_passed(old) == group_passed(new):
@@ -207,6 +208,36 @@ def project_group_changes(
     return regressions, improvements
 
 
+def _by_key(verdicts: Any) -> dict[str, dict[str, Any]]:
+    return {v["key"]: v for v in verdicts or [] if isinstance(v, dict) and "key" in v}
+
+
+# What the comparison above reads of a group or cell; the rest (invariant scores, execution
+# ids, outputs, latency) is what made a summary's groups and matrix ~26 kB.
+_COMPARED = ("status", "failure_codes", "c", "n", "invariant_id", "scenario", "prompt_index")
+
+
+def compared_verdicts(summary: Any) -> dict[str, list[dict[str, Any]]]:
+    """The groups and the invariant x scenario cells of a run summary (or of a baseline's
+    data) as the regressions comparison reads them, in their order: key, passed, pass rate,
+    status, failure codes, counts, invariant, scenario and prompt. What Run.verdicts and
+    Baseline.verdicts store; migration 0015 has a copy of this for the rows before it."""
+    summary = summary if isinstance(summary, dict) else {}
+
+    def verdict(key: str, item: dict[str, Any]) -> dict[str, Any]:
+        entry: dict[str, Any] = {"key": key, "passed": group_passed(item)}
+        rate = _group_pass_rate(item)
+        if rate is not None:
+            entry["pass_rate"] = rate
+        entry.update({name: item[name] for name in _COMPARED if item.get(name) is not None})
+        return entry
+
+    return {
+        "groups": [verdict(k, g) for k, g in groups_by_key(summary.get("groups")).items()],
+        "cells": [verdict(k, c) for k, c in cells_by_key(summary.get("matrix")).items()],
+    }
+
+
 def cells_by_key(matrix: Any) -> dict[str, dict[str, Any]]:
     """A summary's invariant x scenario cells by `invariant @ scenario`, with their result
     counts as `c` of `n` (what the Fisher test and the pass rate read)."""
@@ -220,6 +251,19 @@ def cells_by_key(matrix: Any) -> dict[str, dict[str, Any]]:
             counts = {"c": passed, "n": total, "pass_rate": passed / total}
         cells[f"{cell['invariant_id']} @ {cell.get('scenario', '')}"] = {**cell, **counts}
     return cells
+
+
+def summary_failing_keys(summary: Any) -> dict[str, list[str]]:
+    """The keys of a run summary's groups and invariant x scenario cells that did not pass
+    (failed or flaky), as Run.failing_keys stores them; migration 0015 has a copy of this
+    for the runs finalized before it."""
+    summary = summary if isinstance(summary, dict) else {}
+    groups = groups_by_key(summary.get("groups"))
+    cells = cells_by_key(summary.get("matrix"))
+    return {
+        "groups": sorted(key for key, group in groups.items() if not group_passed(group)),
+        "cells": sorted(key for key, cell in cells.items() if not group_passed(cell)),
+    }
 
 
 def project_has_baseline(project: Project) -> bool:

@@ -16,13 +16,15 @@ import json
 import re
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any
 
-from django.db.models.fields.json import KeyTransform
-from django.urls import reverse
+from django.db.models import F, Q, TextField, Window
+from django.db.models.functions import Cast, DenseRank, RowNumber
 from django.utils import timezone
 
 from checks.reporters import cap_markdown
+from evaluations.charts import id_paths
 from evaluations.models import (
     Baseline,
     CheckResult,
@@ -32,9 +34,6 @@ from evaluations.models import (
 )
 from evaluations.selectors.regressions import (
     Regression,
-    cells_by_key,
-    group_passed,
-    groups_by_key,
     project_group_changes,
 )
 
@@ -141,17 +140,30 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime | None:
 SINCE_LOOKBACK = 50
 
 
-def regression_changes(project: Project) -> tuple[list[RegressionRow], list[RegressionRow]]:
+def regression_changes(
+    project: Project, *, with_history: bool = True
+) -> tuple[list[RegressionRow], list[RegressionRow]]:
     """(regressions, improvements) of the project now, per scenario x prompt group and per
-    invariant x scenario cell."""
+    invariant x scenario cell. Without `with_history`, a regression's since-which-run and
+    failing executions are left out (three to seven queries), for readers that show neither:
+    the digest and the alerts' count."""
     regressions, improvements = project_group_changes(project, cells=True)
-    history = _recent_summaries(project, {r.spec_slug for r in regressions})
+    history, failing = {}, {}
+    if with_history:
+        history = _recent_failing_keys(project, {r.spec_slug for r in regressions})
+        failing = _failing_executions(regressions)
     runs = {
         row["id"]: row
         for row in Run.objects.filter(
             pk__in={r.run_id for r in [*regressions, *improvements]}
         ).values("id", "branch", "finished", "labels")
     }
+
+    # Each row links three or more pages by id: made from URLs reversed once, as a reverse()
+    # per link (~35 µs) over a hundred rows showed in the report's profile.
+    run_url = id_paths("run_detail", project.slug)
+    compare_url = id_paths("run_compare", project.slug)
+    execution_url = id_paths("execution_detail", project.slug)
 
     def row(r: Regression) -> RegressionRow:
         run = runs[r.run_id]
@@ -166,9 +178,8 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
             current_pass_rate=r.current_pass_rate,
             status=r.current_status,
             failure_codes=r.failure_codes,
-            run_url=reverse("run_detail", args=[project.slug, r.run_id]),
-            compare_url=reverse("run_compare", args=[project.slug, r.run_id])
-            + f"#{r.compare_anchor}",
+            run_url=run_url(r.run_id),
+            compare_url=f"{compare_url(r.run_id)}#{r.compare_anchor}",
             baseline_counts=r.baseline_counts,
             current_counts=r.current_counts,
             p_value=r.p_value,
@@ -177,73 +188,142 @@ def regression_changes(project: Project) -> tuple[list[RegressionRow], list[Regr
         )
 
     def regressed(r: Regression) -> RegressionRow:
+        if not with_history:
+            return row(r)
         since = _failing_since(r, history.get(r.spec_slug, []))
         return replace(
             row(r),
             since_run_id=since,
-            since_url=reverse("run_detail", args=[project.slug, since]) if since else "",
-            failing_urls=[
-                reverse("execution_detail", args=[project.slug, pk])
-                for pk in _failing_executions(r)
-            ],
+            since_url=run_url(since) if since else "",
+            failing_urls=[execution_url(pk) for pk in failing.get(_failing_key(r), [])],
         )
 
     return [regressed(r) for r in regressions], [row(r) for r in improvements]
 
 
-def _recent_summaries(project: Project, specs: set[str]) -> dict[str, list[dict[str, Any]]]:
-    """Per spec, its last completed runs, newest first: id, groups and matrix."""
-    history: dict[str, list[dict[str, Any]]] = {}
-    for spec in specs:
-        history[spec] = list(
-            Run.objects.filter(project=project, spec__slug=spec, status="completed")
-            .order_by("-finished", "-id")
-            .annotate(
-                groups=KeyTransform("groups", "summary"),
-                matrix=KeyTransform("matrix", "summary"),
-            )
-            .values("id", "groups", "matrix")[:SINCE_LOOKBACK]
-        )
+@dataclass
+class _PastRun:
+    """A run of a spec's history with its Run.failing_keys as JSON text, decoded only when
+    a streak reaches the run: most streaks end at the run before the regressed one, and
+    decoding the 50 runs of every spec was a tenth of the report's time."""
+
+    id: int
+    failing_keys_json: str | None
+
+    @cached_property
+    def failing(self) -> dict[str, set[str]]:
+        keys = json.loads(self.failing_keys_json or "{}") or {}
+        return {part: set(keys.get(part) or ()) for part in ("groups", "cells")}
+
+
+def _recent_failing_keys(project: Project, specs: set[str]) -> dict[str, list[_PastRun]]:
+    """Per spec, its last SINCE_LOOKBACK completed runs, newest first, with the keys of the
+    groups and of the cells that did not pass (Run.failing_keys, not the runs'
+    summaries). One query for every spec: the runs numbered per spec by the database."""
+    history: dict[str, list[_PastRun]] = {spec: [] for spec in specs}
+    if not specs:
+        return history
+    newest_first = [F("finished").desc(), F("id").desc()]
+    runs = (
+        Run.objects.filter(project=project, spec__slug__in=specs, status="completed")
+        .annotate(recency=Window(RowNumber(), partition_by=F("spec_id"), order_by=newest_first))
+        .filter(recency__lte=SINCE_LOOKBACK)
+        .order_by("spec_id", "recency")
+        .annotate(failing_keys_json=Cast("failing_keys", output_field=TextField()))
+        .values_list("spec__slug", "id", "failing_keys_json")
+    )
+    for spec, run_id, keys in runs:
+        history[spec].append(_PastRun(run_id, keys))
     return history
 
 
-def _failing_since(r: Regression, runs: list[dict[str, Any]]) -> int | None:
+def _failing_since(r: Regression, runs: list[_PastRun]) -> int | None:
     """The oldest run of the unbroken streak, ending at the regressed run, in which the
-    group or cell did not pass."""
+    group or cell did not pass (a run without it, or where it passed, ends the streak)."""
     since = None
+    kind = "cells" if r.invariant else "groups"
     for run in runs:
-        if run["id"] > r.run_id:
+        if run.id > r.run_id:
             continue  # newer than the run the regression was read from
-        items = cells_by_key(run["matrix"]) if r.invariant else groups_by_key(run["groups"])
-        item = items.get(r.group)
-        if item is None or group_passed(item):
+        if r.group not in run.failing[kind]:
             break
-        since = run["id"]
+        since = run.id
     return since
 
 
-def _failing_executions(r: Regression, limit: int = 3) -> list[int]:
+def _failing_key(r: Regression) -> tuple[Any, ...]:
+    """What a regression's failing executions are looked up by in _failing_executions."""
     if r.invariant:
-        return list(
+        return ("cell", r.run_id, r.invariant, r.scenario)
+    return ("group", r.run_id, r.scenario, r.prompt_index)
+
+
+def _failing_executions(
+    regressions: list[Regression], limit: int = 3
+) -> dict[tuple[Any, ...], list[int]]:
+    """Up to `limit` failing executions of each regression (the first by id), by
+    _failing_key: two queries for all of them, each partition of the rows numbered by the
+    database, instead of a query per regression. A cell's are the executions of its
+    scenario with a failing result of its invariant; a group's, its scenario's failing
+    executions (of its prompt, when it has one)."""
+    found: dict[tuple[Any, ...], list[int]] = {}
+    cells = [r for r in regressions if r.invariant]
+    if cells:
+        results = (
             CheckResult.objects.filter(
-                run_id=r.run_id,
-                invariant_id=r.invariant,
-                execution__scenario=r.scenario,
+                run_id__in={r.run_id for r in cells},
+                invariant_id__in={r.invariant for r in cells},
                 passed=False,
             )
+            # DENSE_RANK: an execution with two failing results of the invariant counts once.
+            .annotate(
+                rank=Window(
+                    DenseRank(),
+                    partition_by=[F("run_id"), F("invariant_id"), F("execution__scenario")],
+                    order_by=F("execution_id").asc(),
+                )
+            )
+            .filter(rank__lte=limit)
             .order_by("execution_id")
-            .values_list("execution_id", flat=True)
-            .distinct()[:limit]
+            .values_list("run_id", "invariant_id", "execution__scenario", "execution_id")
         )
-    executions = Execution.objects.filter(run_id=r.run_id, scenario=r.scenario, passed=False)
-    if r.prompt_index is not None:
-        executions = executions.filter(prompt_index=r.prompt_index)
-    return list(executions.order_by("id").values_list("id", flat=True)[:limit])
+        for run_id, invariant, scenario, execution_id in results:
+            ids = found.setdefault(("cell", run_id, invariant, scenario), [])
+            if execution_id not in ids:
+                ids.append(execution_id)
+    groups = [r for r in regressions if not r.invariant]
+    if groups:
+        by_scenario = [F("run_id"), F("scenario")]
+        executions = (
+            Execution.objects.filter(
+                run_id__in={r.run_id for r in groups},
+                scenario__in={r.scenario for r in groups},
+                passed=False,
+            )
+            # A group without a prompt index takes its scenario's first failing executions.
+            .annotate(
+                in_scenario=Window(RowNumber(), partition_by=by_scenario, order_by=F("id").asc()),
+                in_prompt=Window(
+                    RowNumber(),
+                    partition_by=[*by_scenario, F("prompt_index")],
+                    order_by=F("id").asc(),
+                ),
+            )
+            .filter(Q(in_scenario__lte=limit) | Q(in_prompt__lte=limit))
+            .order_by("id")
+            .values_list("run_id", "scenario", "prompt_index", "id", "in_scenario", "in_prompt")
+        )
+        for run_id, scenario, prompt_index, pk, in_scenario, in_prompt in executions:
+            if in_scenario <= limit:
+                found.setdefault(("group", run_id, scenario, None), []).append(pk)
+            if in_prompt <= limit:
+                found.setdefault(("group", run_id, scenario, prompt_index), []).append(pk)
+    return found
 
 
-def regression_rows(project: Project) -> list[RegressionRow]:
+def regression_rows(project: Project, *, with_history: bool = True) -> list[RegressionRow]:
     """Every current regression of the project (alerts and the digest read these)."""
-    return regression_changes(project)[0]
+    return regression_changes(project, with_history=with_history)[0]
 
 
 def _iso(moment: datetime | None) -> str:
@@ -252,7 +332,8 @@ def _iso(moment: datetime | None) -> str:
 
 def regressions_in_runs(project: Project, run_ids: list[int]) -> list[RegressionRow]:
     wanted = set(run_ids)
-    return [row for row in regression_rows(project) if row.run_id in wanted]
+    rows = regression_rows(project, with_history=False)  # the alerts count them
+    return [row for row in rows if row.run_id in wanted]
 
 
 def regression_report(

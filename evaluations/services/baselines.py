@@ -22,7 +22,7 @@ from evaluations.models import (
     Spec,
 )
 from evaluations.selectors.records import effective_results
-from evaluations.selectors.regressions import group_key
+from evaluations.selectors.regressions import compared_verdicts, group_key
 
 #
 # A baseline freezes a completed run's results as the reference of its spec: the overview
@@ -82,6 +82,7 @@ def baseline_promote(
                 current.save(update_fields=["name"])
             return current
         Baseline.objects.filter(spec_id=run.spec_id, branch=scope, active=True).update(active=False)
+        data = _baseline_data(run)
         baseline = Baseline.objects.create(
             project_id=run.project_id,
             spec_id=run.spec_id,
@@ -91,7 +92,8 @@ def baseline_promote(
             reason=reason,
             previous=current,
             active=True,
-            data=_baseline_data(run),
+            data=data,
+            verdicts=compared_verdicts(data),
             created_by=user if getattr(user, "is_authenticated", False) else None,
         )
         BaselineCell.objects.bulk_create(_baseline_cells(baseline, run), batch_size=500)

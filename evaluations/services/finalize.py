@@ -28,6 +28,7 @@ from evaluations.models import (
 from evaluations.selectors.baselines import active_baseline_for
 from evaluations.selectors.records import execution_record as execution_record_of
 from evaluations.selectors.records import run_records
+from evaluations.selectors.regressions import compared_verdicts, summary_failing_keys
 from evaluations.selectors.reviews import review_kappa
 from evaluations.services.reviews import review_items_select
 from evaluations.services.runs import engine_spec
@@ -48,6 +49,8 @@ def run_finalize(*, run_id: int) -> Run:
     composites = [e.composite for e in summary.executions]
     run.summary = summary.to_dict()
     run.invariant_counts = summary_invariant_counts(run.summary)
+    run.failing_keys = summary_failing_keys(run.summary)
+    run.verdicts = compared_verdicts(run.summary)
     run.cost_usd = summary.metrics.total_cost_usd
     run.p95_duration_ms = summary.metrics.p95_duration_ms
     run.judge_mean = summary.metrics.judge_mean

@@ -12,6 +12,7 @@ from django import template
 from django.core.serializers.json import DjangoJSONEncoder
 from django.template.defaultfilters import floatformat
 from django.utils import timezone
+from django.utils.formats import localize
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
@@ -119,4 +120,50 @@ def chart_script(figure: Any, element_id: str) -> str:
         '<script id="{}" type="application/json">{}</script>',
         element_id,
         mark_safe(text),  # noqa: S308 - JSON with every HTML-significant character escaped
+    )
+
+
+@register.filter
+def run_table_row(run: Any, show_spec: bool = False) -> str:
+    """A row of the run table (projects/overview.html#run-table, on the overview and a
+    spec's page), as its template loop wrote it: the loop's forty-odd nodes (lookups,
+    conditions, filters, escaping) per row were most of the table's rendering. Needs
+    run.url and run.spec_url (charts.link_run_rows). Every text value is escaped."""
+    spec = (
+        f'<td><a href="{escape(run.spec_url)}">{escape(run.spec.slug)}</a> '
+        f'<span class="muted small">v{run.spec_version.number}</span></td>'
+        if show_spec
+        else ""
+    )
+    progress = f" {run.executions_done}/{run.execution_count}" if run.status == "running" else ""
+    if run.gate_passed is None:
+        gates = '<span class="muted">—</span>'
+    elif run.gate_passed:
+        gates = '<span class="badge pass">gates pass</span>'
+    else:
+        gates = '<span class="badge fail">gates fail</span>'
+    if run.exit_code is not None:
+        gates += f' <span class="muted small">exit {run.exit_code}</span>'
+    cost = f"${fixed(run.cost_usd, 4)}" if run.cost_usd is not None else "—"
+    p95 = f"{fixed(run.p95_duration_ms, 0)} ms" if run.p95_duration_ms is not None else "—"
+    # What {{ run.created }} writes: the moment in the current time zone, localized.
+    local = timezone.localtime(run.created) if timezone.is_aware(run.created) else run.created
+    created = escape(localize(local))
+    return mark_safe(  # noqa: S308 - every text value is escaped; the rest are numbers
+        "\n          <tr>\n"
+        f'            <td><a href="{escape(run.url)}">#{run.pk}</a></td>\n'
+        f"            {spec}\n"
+        "            \n"
+        f'            <td><span class="badge status-{escape(run.status)}">{escape(run.status)}'
+        f"{progress}</span></td>\n"
+        f"            <td>{gates}</td>\n"
+        f'            <td class="num">{fixed(run.composite, 2) or "—"}</td>\n'
+        f'            <td class="num">{fixed(run.resilience, 1) or "—"}</td>\n'
+        f'            <td class="num">{percent(run.pass_rate) or "—"}</td>\n'
+        f'            <td class="num">{cost}</td>\n'
+        f'            <td class="num">{p95}</td>\n'
+        f"            <td>{escape(run.branch or '—')}</td>\n"
+        f'            <td><time datetime="{iso(run.created)}" title="{created}">'
+        f"{escape(ago(run.created))}</time></td>\n"
+        "          </tr>\n        "
     )

@@ -14,6 +14,8 @@ from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -70,22 +72,20 @@ def project_list(request: HttpRequest) -> HttpResponse:
 
 def _overview_charts(
     access: ProjectAccess,
-) -> tuple[list[charts.Chart], list[dict[str, Any]]]:
+) -> tuple[list[charts.Chart], list[SafeString]]:
     """The charts, and the same points as table rows (spec, run, link) for people who do not
     read charts."""
     points = selectors.project_trend_points(access.project)
     link = charts.run_links(access.project.slug)
-    # The table's cells as text, made by the filters the template applied to them: three
-    # filters and an int (number localization) a row, over 150 rows, cost 1.2 ms more.
+    # The table's rows as HTML, made here with the filters the template applied to their
+    # cells: six values a row over 150 rows were ~5 ms of the template's rendering.
     table = [
-        {
-            "spec": spec,
-            "url": link(row),
-            "id": str(row["id"]),
-            "created": local_minute(row["created"]),
-            "resilience": fixed(row["resilience"], 1) or "—",
-            "pass_rate": percent(row["pass_rate"]) or "—",
-        }
+        mark_safe(  # noqa: S308 - the spec is escaped; the rest are numbers, dates, a path
+            f'\n                  <tr><td>{escape(spec)}</td><td><a href="{escape(link(row))}">'
+            f'#{row["id"]}</a></td><td class="nowrap">{local_minute(row["created"])}</td>\n'
+            f'                    <td class="num">{fixed(row["resilience"], 1) or "—"}</td>'
+            f'<td class="num">{percent(row["pass_rate"]) or "—"}</td></tr>\n                '
+        )
         for spec, rows in points.items()
         for row in rows
     ]

@@ -25,14 +25,19 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import truncatechars
 from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import escape
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
 from evaluations.models import CheckResult, ReviewItem, ReviewStatus, ReviewVerdict, Role, Spec
 from evaluations.selectors import ReviewFilters
+from evaluations.templatetags.keystone import fixed, local_minute
 from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
 
 ITEM_TEMPLATE = "review/item.html"
@@ -109,14 +114,16 @@ def queue(request: HttpRequest, project_slug: str) -> HttpResponse:
     item_url = charts.id_paths("review_item", access.project.slug)
     for item in page.items:  # one reversed URL for the 50 rows' links
         item.url = item_url(item.pk)
+    filter_query = _query(filters)
     context = {
         "access": access,
         "filters": filters,
-        "filter_query": _query(filters),
+        "filter_query": filter_query,
         "status": status,
         "statuses": [(s.value, s.label) for s in QUEUE_STATUSES],
         "counts": selectors.review_counts(access.project, filters),
         "items": page.items,
+        "item_rows": _queue_rows(page.items, status=status, filter_query=filter_query),
         "paged": after is not None,
         "first_query": _query(filters, status=status),
         "next_query": (
@@ -131,6 +138,55 @@ def queue(request: HttpRequest, project_slug: str) -> HttpResponse:
     }
     template = page_or_region(request, "review/queue.html", "queue-region")
     return render(request, template, context)
+
+
+def _queue_rows(items: list[Any], *, status: str, filter_query: str) -> list[SafeString]:
+    """The queue's table rows as its template loop wrote them (every text value escaped):
+    about twenty template nodes a row (lookups, conditions, filters) over 50 rows were half
+    of the page's time. Each item needs `url` and `verdict_count` (the view and
+    selectors.review_queue_page set them)."""
+    now = timezone.now()
+    return [_queue_row(item, status=status, filter_query=filter_query, now=now) for item in items]
+
+
+def _badge(passed: Any) -> str:
+    word = "pass" if passed else "fail"
+    return f'<span class="badge {word}">{word}</span>'
+
+
+def _queue_row(item: Any, *, status: str, filter_query: str, now: Any) -> SafeString:
+    if item.blind and item.status == "open":
+        judge = '<span class="muted">blind</span>'
+    elif item.judge_score is not None:
+        judge = f"{fixed(item.judge_score, 2)} {_badge(item.judge_passed)}"
+    else:
+        judge = "—"
+    people = (
+        f'<td class="num">{fixed(item.final_score, 2)} {_badge(item.final_passed)}</td>'
+        if status == "complete"
+        else ""
+    )
+    grader = (
+        escape(item.claimed_by.get_username())
+        if item.claim_is_live(now)
+        else '<span class="muted">—</span>'
+    )
+    criteria = escape(truncatechars(item.criteria, 80))
+    return mark_safe(  # noqa: S308 - every text value is escaped; the rest are numbers
+        "\n              <tr>\n"
+        f'                <td><a href="{escape(item.url)}{escape(filter_query)}">#{item.pk}</a></td>\n'
+        f"                <td>{escape(item.get_reason_display())}</td>\n"
+        f"                <td>{escape(item.spec.slug)}</td>\n"
+        f"                <td>#{item.run_id}</td>\n"
+        f'                <td><span class="mono">{escape(item.invariant_id)}</span> '
+        f'<span class="muted small">{criteria}</span></td>\n'
+        f'                <td class="num">{judge}</td>\n'
+        f"                {people}\n"
+        f'                <td class="num">{item.verdict_count}/{item.reviews_required}</td>\n'
+        f"                <td>{grader}</td>\n"
+        f'                <td class="small">{local_minute(item.created)}</td>\n'
+        "              </tr>\n            "
+    )
 
 
 def _start_reviewing(request: HttpRequest, project_slug: str) -> HttpResponse:

@@ -19,6 +19,7 @@ from evaluations.models import (
     Spec,
     SpecVersion,
 )
+from evaluations.selectors.regressions import compared_verdicts, summary_failing_keys
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 _numbers = itertools.count(1)
@@ -49,6 +50,9 @@ def finished_run(
         created=finished - timedelta(minutes=5),
         finished=finished,
         summary={"groups": groups or []},
+        # What run_finalize stores beside the summary (the regressions report reads it).
+        failing_keys=summary_failing_keys({"groups": groups or []}),
+        verdicts=compared_verdicts({"groups": groups or []}),
         **metrics,
     )
 
@@ -89,6 +93,7 @@ def baseline_of(spec: Spec, run: Run, groups: list[dict[str, Any]]) -> Baseline:
         name="release-1",
         active=True,
         data={"groups": groups},
+        verdicts=compared_verdicts({"groups": groups}),
     )
 
 

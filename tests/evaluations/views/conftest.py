@@ -42,6 +42,7 @@ from evaluations.models import (
     SpecVersion,
     summary_invariant_counts,
 )
+from evaluations.selectors.regressions import compared_verdicts, summary_failing_keys
 
 ROLES = ["viewer", "reviewer", "editor", "admin"]
 ALL_ROLES = [*ROLES, "outsider"]
@@ -181,6 +182,8 @@ def make_run(db: None) -> Callable[..., Run]:
                 status=RunStatus.COMPLETED,
                 summary=summary,
                 invariant_counts=summary_invariant_counts(summary),
+                failing_keys=summary_failing_keys(summary),
+                verdicts=compared_verdicts(summary),
                 pass_rate=summary["pass_rate"],
                 resilience=summary["resilience"]["score"],
                 overall=summary["overall"],

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from evaluations import cli, services
 from evaluations.models import AlertChannel, AlertFiring, AlertRule, FiringStatus
+from evaluations.selectors.regressions import compared_verdicts, summary_failing_keys
 from tests.evaluations.alert_history import FAILING, PASSING, baseline_of, finished_run, spec_in
 
 pytestmark = pytest.mark.django_db
@@ -310,12 +311,15 @@ def test_each_regression_says_since_which_run_with_per_invariant_rows_and_failin
     for days, passed in ((10, True), (6, True), (4, False), (1, False)):
         run = finished_run(spec, finished=now - timedelta(days=days), branch="main")
         run.summary = _summary(passed)
-        run.save(update_fields=["summary"])
+        run.failing_keys = summary_failing_keys(run.summary)
+        run.verdicts = compared_verdicts(run.summary)
+        run.save(update_fields=["summary", "failing_keys", "verdicts"])
         runs.append(run)
     baseline_of(spec, runs[0], _summary(True)["groups"])
     baseline = spec.baselines.get()
     baseline.data = _summary(True)
-    baseline.save(update_fields=["data"])
+    baseline.verdicts = compared_verdicts(baseline.data)
+    baseline.save(update_fields=["data", "verdicts"])
     latest = runs[-1]
     failing = []
     for replica in range(2):

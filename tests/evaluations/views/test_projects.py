@@ -17,6 +17,7 @@ from django.urls import reverse
 
 from evaluations import selectors, services
 from evaluations.models import Baseline, Membership, Project, Role, RunStatus
+from evaluations.selectors.regressions import compared_verdicts
 
 from .conftest import ALL_ROLES, ROLES
 
@@ -195,6 +196,7 @@ def test_overview_lists_regressions_against_the_active_baseline(
         name="release-1",
         active=True,
         data={"groups": reference.summary["groups"]},
+        verdicts=compared_verdicts({"groups": reference.summary["groups"]}),
     )
     latest = make_run(version, failing=["says_refunded"])
 
@@ -219,6 +221,7 @@ def test_regressions_read_a_baseline_stored_as_a_mapping_and_ignore_inactive_one
         name="by-key",
         active=True,
         data={"groups": {"no-chaos / prompt 1": {"pass_rate": 1.0}}},
+        verdicts=compared_verdicts({"groups": {"no-chaos / prompt 1": {"pass_rate": 1.0}}}),
     )
     Baseline.objects.create(
         project=two_projects.mine,
@@ -226,6 +229,7 @@ def test_regressions_read_a_baseline_stored_as_a_mapping_and_ignore_inactive_one
         name="old",
         active=False,
         data={"groups": {"no-chaos / prompt 0": {"passed": True}}},
+        verdicts=compared_verdicts({"groups": {"no-chaos / prompt 0": {"passed": True}}}),
     )
     make_run(version, failing=[("no-chaos", "short_answer")])
 
@@ -255,6 +259,7 @@ def test_overview_query_count_does_not_grow_with_runs(two_projects, client_as, m
         name="b",
         active=True,
         data={"groups": reference.summary["groups"]},
+        verdicts=compared_verdicts({"groups": reference.summary["groups"]}),
     )
     make_run(version, failing=["says_refunded"])
     few = _overview_queries(client)
@@ -269,6 +274,7 @@ def test_overview_query_count_does_not_grow_with_runs(two_projects, client_as, m
             name="b",
             active=True,
             data={"groups": runs[0].summary["groups"]},
+            verdicts=compared_verdicts({"groups": runs[0].summary["groups"]}),
         )
     many = _overview_queries(client)
 
