@@ -123,6 +123,23 @@ def chart_script(figure: Any, element_id: str) -> str:
     )
 
 
+def run_row_cells(run: Any) -> tuple[str, str, str, str]:
+    """What the run table and the run list write alike for a run, as HTML: its progress
+    while it runs, its gates badge and exit code, its cost and its p95 duration."""
+    progress = f" {run.executions_done}/{run.execution_count}" if run.status == "running" else ""
+    if run.gate_passed is None:
+        gates = '<span class="muted">—</span>'
+    elif run.gate_passed:
+        gates = '<span class="badge pass">gates pass</span>'
+    else:
+        gates = '<span class="badge fail">gates fail</span>'
+    if run.exit_code is not None:
+        gates += f' <span class="muted small">exit {run.exit_code}</span>'
+    cost = f"${fixed(run.cost_usd, 4)}" if run.cost_usd is not None else "—"
+    p95 = f"{fixed(run.p95_duration_ms, 0)} ms" if run.p95_duration_ms is not None else "—"
+    return progress, gates, cost, p95
+
+
 @register.filter
 def run_table_row(run: Any, show_spec: bool = False) -> str:
     """A row of the run table (projects/overview.html#run-table, on the overview and a
@@ -135,17 +152,7 @@ def run_table_row(run: Any, show_spec: bool = False) -> str:
         if show_spec
         else ""
     )
-    progress = f" {run.executions_done}/{run.execution_count}" if run.status == "running" else ""
-    if run.gate_passed is None:
-        gates = '<span class="muted">—</span>'
-    elif run.gate_passed:
-        gates = '<span class="badge pass">gates pass</span>'
-    else:
-        gates = '<span class="badge fail">gates fail</span>'
-    if run.exit_code is not None:
-        gates += f' <span class="muted small">exit {run.exit_code}</span>'
-    cost = f"${fixed(run.cost_usd, 4)}" if run.cost_usd is not None else "—"
-    p95 = f"{fixed(run.p95_duration_ms, 0)} ms" if run.p95_duration_ms is not None else "—"
+    progress, gates, cost, p95 = run_row_cells(run)
     # What {{ run.created }} writes: the moment in the current time zone, localized.
     local = timezone.localtime(run.created) if timezone.is_aware(run.created) else run.created
     created = escape(localize(local))

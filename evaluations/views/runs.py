@@ -41,6 +41,7 @@ from evaluations.templatetags.keystone import (
     local_minute,
     local_second,
     percent,
+    run_row_cells,
 )
 from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
 
@@ -118,18 +119,8 @@ def _run_list_row(run: Any) -> SafeString:
     row (lookups, conditions, filters, escaping) over 50 rows were most of the page's
     rendering. Needs run.url and run.spec_url (charts.link_run_rows); every text value
     (spec, status, branch, labels) is escaped, label values localized as a template does."""
-    progress = f" {run.executions_done}/{run.execution_count}" if run.status == "running" else ""
-    if run.gate_passed is None:
-        gates = '<span class="muted">—</span>'
-    elif run.gate_passed:
-        gates = '<span class="badge pass">gates pass</span>'
-    else:
-        gates = '<span class="badge fail">gates fail</span>'
-    if run.exit_code is not None:
-        gates += f' <span class="muted small">exit {run.exit_code}</span>'
+    progress, gates, cost, p95 = run_row_cells(run)
     pass_rate = percent(run.pass_rate) if run.pass_rate is not None else "—"
-    cost = f"${fixed(run.cost_usd, 4)}" if run.cost_usd is not None else "—"
-    p95 = f"{fixed(run.p95_duration_ms, 0)} ms" if run.p95_duration_ms is not None else "—"
     branch = f'<span class="mono">{escape(run.branch)}</span>' if run.branch else ""
     labels = "".join(
         f'<span class="label-tag">{escape(localize(key))}={escape(localize(value))}</span> '
