@@ -78,7 +78,12 @@ def test_a_daemon_that_left_the_session_is_killed_with_the_execution(tmp_path: P
     assert not _groups() - before
 
 
-def test_groups_dead_workers_left_are_removed_by_the_next_command(tmp_path: Path) -> None:
+def test_groups_dead_workers_left_are_removed_by_the_next_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The next command of a process that has not looked for them lately (a process looks
+    # once every _SWEEP_SECONDS: tests/evaluations/runner/test_cgroups.py).
+    monkeypatch.setattr(cgroups, "_last_sweep", {})
     controller = cgroups._controllers()[0][0]
     stale = controller.parent / "keystone-left-by-a-dead-worker"
     stale.mkdir()
