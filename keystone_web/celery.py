@@ -25,9 +25,9 @@ def _import_what_executions_need(**_: object) -> None:
     """Imported once in the worker's main process, before its pool forks: the pool's
     children share these pages instead of each importing (and holding) its own copy, as
     they did at their first execution."""
-    import evaluations.judge  # noqa: F401
-    import evaluations.runner.harness  # noqa: F401
-    import evaluations.services.executions  # noqa: F401
+    from evaluations.services.executions import execution_modules_import
+
+    execution_modules_import()
 
     # Out of the collector's sight (after collecting what is garbage already): a collection
     # in a child writes to every object it examines, which copied the shared pages into

@@ -181,6 +181,14 @@ def harness_config(run: Run, spec: Any) -> Any:
 _EXECUTION_ROW = "SELECT * FROM evaluations_execution WHERE id = %s"
 
 
+def execution_modules_import() -> None:
+    """Import what execution_execute imports at its first call. A process about to fork
+    executing processes (`keystone run`, a Celery worker before its pool) calls it once, so
+    they share those modules' pages instead of each importing its own copy."""
+    import evaluations.judge  # noqa: F401
+    import evaluations.runner.harness  # noqa: F401
+
+
 def execution_execute(
     *, execution_id: int, worker: str, run: Run | None = None
 ) -> Execution | None:
