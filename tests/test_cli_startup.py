@@ -34,6 +34,20 @@ def test_a_migration_file_not_recorded_as_applied_is_pending() -> None:
     assert migrations_pending()
 
 
+def _printed_by(code: str, env: dict[str, str], timeout: float = 120) -> str:
+    """What `code` printed, run by a fresh Python process in the repository."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip()
+
+
 def test_django_setup_imports_neither_ninja_nor_pydantic(tmp_path: Path) -> None:
     """/api/docs serves ninja's files by path (settings): no CLI command pays for ninja."""
     code = (
@@ -41,16 +55,7 @@ def test_django_setup_imports_neither_ninja_nor_pydantic(tmp_path: Path) -> None
         "import django; django.setup()\n"
         "print(sorted(m for m in ('ninja', 'pydantic') if m in sys.modules))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        env=embedded_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert _printed_by(code, embedded_env(tmp_path), timeout=60) == "[]"
 
 
 # Imported by neither `keystone validate` nor a local `keystone run`: Celery (no broker: the
@@ -85,17 +90,11 @@ def _modules_after(tmp_path: Path, *argv: str) -> list[str]:
         f"loaded = sorted(m for m in {NOT_AT_START_UP!r} if m in sys.modules)\n"
         "print(json.dumps([code, loaded]))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        env=embedded_env(tmp_path / "home", KEYSTONE_POLICY_MIN_BACKEND="local"),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    printed = _printed_by(
+        code, embedded_env(tmp_path / "home", KEYSTONE_POLICY_MIN_BACKEND="local")
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    exit_code, loaded = json.loads(done.stdout.strip().splitlines()[-1])
-    assert exit_code == 0, done.stdout + done.stderr
+    exit_code, loaded = json.loads(printed.splitlines()[-1])
+    assert exit_code == 0, printed
     return list(loaded)
 
 
@@ -125,3 +124,25 @@ def test_a_lazy_package_exports_each_name_from_its_module(package: str) -> None:
         assert not isinstance(getattr(module, name), types.ModuleType), name
     with pytest.raises(AttributeError):
         module.no_such_name  # noqa: B018
+
+
+def test_a_celery_worker_imports_the_execution_path_and_freezes_the_collector_before_forking(
+    tmp_path: Path,
+) -> None:
+    """keystone_web/celery.py: the pool's children share those pages instead of each holding
+    a copy (bench/bench_throughput.py reports the workers' PSS)."""
+    code = (
+        "import gc, json, os, sys\n"
+        "os.environ['DJANGO_SETTINGS_MODULE'] = 'keystone_web.settings'\n"
+        "import django; django.setup()\n"
+        "from celery.signals import worker_init\n"
+        "from keystone_web.celery import app\n"
+        "wanted = ['evaluations.runner.harness', 'evaluations.judge']\n"
+        "before = [m in sys.modules for m in wanted]\n"
+        "worker_init.send(sender=None)\n"
+        "print(json.dumps([before, [m in sys.modules for m in wanted], gc.get_freeze_count()]))"
+    )
+    printed = _printed_by(code, embedded_env(tmp_path), timeout=60)
+    before, after, frozen = json.loads(printed.splitlines()[-1])
+    assert before == [False, False] and after == [True, True]
+    assert frozen > 10_000  # the objects of Django and the runner, out of the collector's way
