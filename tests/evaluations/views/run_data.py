@@ -261,6 +261,21 @@ def synthetic_version(project: Project, *, replicas: int = 2) -> SpecVersion:
     return services.spec_version_create(project=project, source_yaml=source)
 
 
+def runs_a_backfill_meets(version: SpecVersion) -> tuple[list[Run], Run]:
+    """Three finalized runs (`cites` failing in tool-outage, in no-chaos, nowhere) and one
+    still running, with no summary: what a migration filling a new column from the
+    summaries finds."""
+    finalized = [
+        synthetic_run(version),
+        synthetic_run(version, failing_scenario="no-chaos", flaky_scenario=""),
+        synthetic_run(version, failing_scenario="", flaky_scenario=""),
+    ]
+    unfinished = Run.objects.create(
+        project=version.spec.project, spec_version=version, status=RunStatus.RUNNING
+    )
+    return finalized, unfinished
+
+
 def synthetic_run(
     version: SpecVersion,
     *,

@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from evaluations import services
-from evaluations.models import Baseline, CheckResult, Execution, Run, RunStatus
+from evaluations.models import Baseline, CheckResult, Execution, Run
 from evaluations.selectors.regressions import (
     cells_by_key,
     compared_verdicts,
@@ -27,7 +27,11 @@ from evaluations.selectors.regressions import (
     project_group_changes,
     summary_failing_keys,
 )
-from tests.evaluations.views.run_data import synthetic_run, synthetic_version
+from tests.evaluations.views.run_data import (
+    runs_a_backfill_meets,
+    synthetic_run,
+    synthetic_version,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
@@ -60,14 +64,7 @@ def test_the_backfill_stores_what_finalize_and_promote_do_batch_after_batch(
     two_projects: Any, member: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     version = synthetic_version(two_projects.mine)
-    finalized = [
-        synthetic_run(version),
-        synthetic_run(version, failing_scenario="no-chaos", flaky_scenario=""),
-        synthetic_run(version, failing_scenario="", flaky_scenario=""),
-    ]
-    unfinished = Run.objects.create(
-        project=two_projects.mine, spec_version=version, status=RunStatus.RUNNING
-    )
+    finalized, unfinished = runs_a_backfill_meets(version)
     admin = member("admin")
     baselines = [
         services.baseline_promote(run_id=run.pk, user=admin, reason="r") for run in finalized

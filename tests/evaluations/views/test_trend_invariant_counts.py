@@ -14,8 +14,12 @@ import pytest
 from django.apps import apps
 from django.urls import reverse
 
-from evaluations.models import CheckResult, Run, RunStatus, summary_invariant_counts
-from tests.evaluations.views.run_data import synthetic_run, synthetic_version
+from evaluations.models import CheckResult, Run, summary_invariant_counts
+from tests.evaluations.views.run_data import (
+    runs_a_backfill_meets,
+    synthetic_run,
+    synthetic_version,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
@@ -49,14 +53,7 @@ def test_the_backfill_stores_what_finalize_does_batch_after_batch(
     two_projects: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     version = synthetic_version(two_projects.mine)
-    finalized = [
-        synthetic_run(version),
-        synthetic_run(version, failing_scenario="no-chaos", flaky_scenario=""),
-        synthetic_run(version, failing_scenario="", flaky_scenario=""),
-    ]
-    unfinished = Run.objects.create(
-        project=two_projects.mine, spec_version=version, status=RunStatus.RUNNING
-    )
+    finalized, unfinished = runs_a_backfill_meets(version)
     stored = {run.pk: Run.objects.get(pk=run.pk).invariant_counts for run in finalized}
     # As before migration 0012: nothing stored.
     Run.objects.update(invariant_counts={})
