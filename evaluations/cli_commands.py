@@ -26,6 +26,7 @@ from checks.exit_codes import (
     EXIT_SPEC_INVALID,
     CommandFailed,
 )
+from evaluations.cli import start_up_over
 
 
 def setup_django(*, migrate: bool = True) -> None:
@@ -36,6 +37,7 @@ def setup_django(*, migrate: bool = True) -> None:
     import django
 
     django.setup()
+    start_up_over()
     if not migrate:
         return
     from django.conf import settings

@@ -146,3 +146,45 @@ def test_a_celery_worker_imports_the_execution_path_and_freezes_the_collector_be
     before, after, frozen = json.loads(printed.splitlines()[-1])
     assert before == [False, False] and after == [True, True]
     assert frozen > 10_000  # the objects of Django and the runner, out of the collector's way
+
+
+@pytest.mark.parametrize(
+    "start_up",
+    [
+        "from evaluations.cli_commands import setup_django; setup_django(migrate=False)",
+        "from evaluations.cli import cmd_validate; import argparse\n"
+        "cmd_validate(argparse.Namespace(specs=['examples/specs/calculator-fix.yaml']))",
+    ],
+    ids=["django", "validate"],
+)
+def test_the_command_collects_garbage_again_once_its_start_up_is_over(
+    tmp_path: Path, start_up: str
+) -> None:
+    """evaluations.cli.command turns the collector off for the start-up (imports,
+    django.setup()) and back on, with what start-up made frozen, before the command's work:
+    a worker or a server that ran with it off would never free a reference cycle."""
+    code = (
+        "import gc, json\n"
+        "gc.disable()  # as evaluations.cli.command does\n"
+        f"{start_up}\n"
+        "print(json.dumps([gc.isenabled(), gc.get_freeze_count()]))"
+    )
+    printed = _printed_by(code, embedded_env(tmp_path / "home"), timeout=60)
+    enabled, frozen = json.loads(printed.splitlines()[-1])
+    assert enabled is True
+    assert frozen > 10_000
+
+
+def test_the_keystone_executable_exits_with_the_command_s_code(tmp_path: Path) -> None:
+    spec = tmp_path / "broken.yaml"
+    spec.write_text("version: 1\nid: broken\n", encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "evaluations.cli", "validate", str(spec)],
+        cwd=REPO_ROOT,
+        env=embedded_env(tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "broken.yaml" in done.stderr
