@@ -19,6 +19,7 @@ import datetime
 import os
 import platform
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -47,12 +48,25 @@ invariants:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """What one run of a benchmark's command took: wall seconds, and the CPU seconds of the
+    command and every descendant it waited for (its forked processes, the agents)."""
+
+    wall: float
+    user: float
+    system: float
+
+
+Reader = Callable[[str, Timing], float]  # (output, timing) -> the figure
+
+
+@dataclass(frozen=True)
 class Figure:
     """One more row read from the same runs of a benchmark."""
 
     figure: str
     target: str
-    read: Callable[[str, float], float]
+    read: Reader
     unit: str
 
 
@@ -61,7 +75,7 @@ class Bench:
     figure: str
     target: str
     argv: list[str]  # {tmp}, {redis} are filled in
-    read: Callable[[str, float], float]  # (output, wall seconds) -> the figure
+    read: Reader
     unit: str
     smoke_argv: list[str] | None = None  # a smaller size for --smoke
     warm_up: bool = False  # one run first, not counted (a fresh home migrates its database)
@@ -73,12 +87,17 @@ class Bench:
     cannot_run_exit: int | None = None
 
 
-def wall_ms(_: str, seconds: float) -> float:
-    return seconds * 1000
+def wall_ms(_: str, timing: Timing) -> float:
+    return timing.wall * 1000
 
 
-def number_after(pattern: str) -> Callable[[str, float], float]:
-    def read(output: str, _: float) -> float:
+def system_share(_: str, timing: Timing) -> float:
+    """System time as a percentage of all the CPU time the command used."""
+    return 100 * timing.system / (timing.user + timing.system)
+
+
+def number_after(pattern: str) -> Reader:
+    def read(output: str, _: Timing) -> float:
         found = re.search(pattern, output)
         if found is None:
             raise ValueError(f"no figure matching {pattern!r} in:\n{output[-1500:]}")
@@ -87,8 +106,8 @@ def number_after(pattern: str) -> Callable[[str, float], float]:
     return read
 
 
-def per_second(count: int) -> Callable[[str, float], float]:
-    return lambda _, seconds: count / seconds
+def per_second(count: int) -> Reader:
+    return lambda _, timing: count / timing.wall
 
 
 def keystone(*args: str) -> list[str]:
@@ -114,7 +133,11 @@ def benches(tmp: Path) -> list[Bench]:
               keystone("run", str(one)), wall_ms, "ms", warm_up=True),
         Bench("1,000 no-op executions, embedded default (SQLite), `keystone run`",
               ">= 150 executions/s", keystone("run", str(thousand)), per_second(1000),
-              "executions/s", smoke_argv=keystone("run", str(small)), warm_up=True),
+              "executions/s", smoke_argv=keystone("run", str(small)), warm_up=True,
+              more=(
+                  Figure("1,000 no-op executions, embedded default: system time, share of the "
+                         "CPU time (the command's and its agents')", "< 25 %", system_share, "%"),
+              )),
         Bench("1,000 no-op executions, PostgreSQL + Redis, 2 Celery workers",
               ">= 150 executions/s",
               [PYTHON, "bench/bench_throughput.py", "--executions", "1000",
@@ -139,6 +162,11 @@ def benches(tmp: Path) -> list[Bench]:
               [PYTHON, "bench/bench_overhead.py", "--runs", "30", "--backends", "bwrap"],
               number_after(r"bwrap\s+([\d.]+)ms"), "ms",
               smoke_argv=[PYTHON, "bench/bench_overhead.py", "--runs", "3", "--backends", "bwrap"]),
+        Bench("platform overhead per execution, docker", "<= 300 ms",
+              [PYTHON, "bench/bench_overhead.py", "--runs", "30", "--backends", "docker"],
+              number_after(r"docker\s+([\d.]+)ms"), "ms",
+              smoke_argv=[PYTHON, "bench/bench_overhead.py", "--runs", "2", "--backends", "docker"],
+              cannot_run_exit=3),
         Bench("deterministic checks, one core", ">= 20,000 checks/s",
               [PYTHON, "bench/bench_checks.py", "--seconds", "3"],
               number_after(r"([\d,]+) checks/s"), "checks/s",
@@ -217,16 +245,22 @@ class CannotRun(Exception):
 
 def run_bench(bench: Bench, argv: list[str], env: dict[str, str]) -> list[float]:
     """The benchmark's figures: its own, then its `more` rows'."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    timing = Timing(
+        wall=time.perf_counter() - started,
+        user=after.ru_utime - before.ru_utime,
+        system=after.ru_stime - before.ru_stime,
+    )
     output = done.stdout + done.stderr
     if bench.cannot_run_exit is not None and done.returncode == bench.cannot_run_exit:
         raise CannotRun(output.strip()[-1500:])
     # A benchmark's exit code says whether it met its own target; only a crash stops us.
     if done.returncode not in (0, 1) or "Traceback" in output:
         raise SystemExit(f"{bench.figure}: exit {done.returncode}\n{output[-3000:]}")
-    return [bench.read(output, seconds)] + [more.read(output, seconds) for more in bench.more]
+    return [bench.read(output, timing)] + [more.read(output, timing) for more in bench.more]
 
 
 def main() -> int:

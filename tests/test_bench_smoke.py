@@ -27,8 +27,14 @@ def test_every_benchmark_runs_and_reports_its_figure(tmp_path: Path) -> None:
         line for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line
     ]
     figures = rows[1:]  # after the header
-    assert len(figures) == 15, out.read_text()
+    assert len(figures) == 17, out.read_text()
     for row in figures:
+        if "not measured" in row:
+            # Only the Docker engine may be missing (a machine without one, or without the
+            # right to start it); the row then says why instead of vanishing.
+            assert row.startswith("| platform overhead per execution, docker |"), row
+            assert "not measured: docker" in row.lower(), row
+            continue
         low, median, high = (float(n) for n in row.split(" | ")[2].split()[0:5:2])
         assert low <= median <= high, row  # figures were read, not a placeholder
         # An overhead is a difference of two medians: at the smoke sizes, on a busy machine,
