@@ -437,6 +437,12 @@ LOGGING = {
         "choreographer": {"level": "WARNING"},
         "kaleido": {"level": "WARNING"},
         "logistro": {"level": "WARNING"},
+        # The openai SDK's HTTP client logs every request at INFO: a line per judge call on
+        # a `keystone run`'s terminal and in the server's log.
+        "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+        "openai": {"level": "WARNING"},
     },
 }
 if CELERY_TASK_ALWAYS_EAGER:

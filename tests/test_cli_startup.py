@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 import types
@@ -16,7 +17,7 @@ import pytest
 from django.db import connection
 
 from evaluations.cli_commands import migrations_pending
-from tests.cli_helpers import REPO_ROOT, embedded_env
+from tests.cli_helpers import REPO_ROOT, embedded_env, run_keystone
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
@@ -188,3 +189,18 @@ def test_the_keystone_executable_exits_with_the_command_s_code(tmp_path: Path) -
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "broken.yaml" in done.stderr
+
+
+def test_a_run_with_a_judge_prints_no_log_lines(tmp_path: Path) -> None:
+    """Issue 18, "no log noise": refund-agent.yaml's LLM judge (the scripted provider) makes
+    HTTP calls through the openai SDK, whose client logged each one at INFO on stderr."""
+    done = run_keystone(
+        "run",
+        "examples/specs/refund-agent.yaml",
+        env=embedded_env(tmp_path / "home", KEYSTONE_POLICY_MIN_BACKEND="local"),
+        timeout=300,
+    )
+    assert done.returncode in (0, 1), done.stdout + done.stderr  # a verdict, not an error
+    assert "judge" in done.stdout  # the judge did run
+    logged = [line for line in done.stderr.splitlines() if re.match(r"\d{4}-\d\d-\d\d ", line)]
+    assert logged == [], "\n".join(logged)
