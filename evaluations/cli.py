@@ -31,7 +31,7 @@ def command() -> None:
     """The `keystone` executable (and `python -m evaluations.cli`)."""
     # A command's start-up (imports, django.setup()) makes objects that live as long as the
     # process: the collector's passes over them while they pile up find nothing to free, and
-    # took about a third of a one-execution `keystone run`. Collection resumes once start-up
+    # took about a quarter of a one-execution `keystone run`. Collection resumes once start-up
     # is over (start_up_over).
     gc.disable()
     code = main()
