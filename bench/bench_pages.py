@@ -463,6 +463,9 @@ def measure(requests: int, only: str = "") -> int:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
+    from keystone_web.serving import app_loaded
+
+    app_loaded()  # as the web server's process is when it serves (keystone_web/wsgi.py)
     client = Client()
     # An admin sees every page and every control on it (the most work a page does).
     client.force_login(get_user_model().objects.get(username=ADMIN))

@@ -204,3 +204,20 @@ def test_a_run_with_a_judge_prints_no_log_lines(tmp_path: Path) -> None:
     assert "judge" in done.stdout  # the judge did run
     logged = [line for line in done.stderr.splitlines() if re.match(r"\d{4}-\d\d-\d\d ", line)]
     assert logged == [], "\n".join(logged)
+
+
+@pytest.mark.parametrize("entry_point", ["keystone_web.wsgi", "keystone_web.asgi"])
+def test_a_web_server_loads_every_view_and_freezes_them_before_its_first_request(
+    tmp_path: Path, entry_point: str
+) -> None:
+    """keystone_web.serving.app_loaded: the views are imported at start-up instead of in the
+    first request, and a full collection during a request no longer goes over the app."""
+    code = (
+        "import gc, json, sys\n"
+        f"import {entry_point}\n"
+        "print(json.dumps(['evaluations.views.runs' in sys.modules, gc.get_freeze_count()]))"
+    )
+    printed = _printed_by(code, embedded_env(tmp_path / "home"), timeout=60)
+    views_loaded, frozen = json.loads(printed.splitlines()[-1])
+    assert views_loaded is True
+    assert frozen > 10_000
