@@ -28,7 +28,14 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 # Writes its own PID into every cgroup.procs given, runs what the caller adds (%s), then
 # execs the rest of its arguments.
-_JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; %s exec "$@"'
+_JOIN_LOOP = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; '
+)
+_JOIN = _JOIN_LOOP + '%s exec "$@"'
+# The same for a shell command, which this shell then runs itself instead of starting a
+# second one: with no positional parameter and no variable of its own left, the command sees
+# what `/bin/sh -c COMMAND` would show it (it starts on the script's second line).
+_JOIN_AND_RUN = _JOIN_LOOP + "unset n; %strue || exit\n%s"
 
 
 LIMITED = ("pids", "memory")
@@ -193,6 +200,11 @@ class CommandCgroup:
         procs = [str(path / "cgroup.procs") for path in self.paths]
         if not procs and not then:
             return argv
+        if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"]:
+            # One shell started instead of two: a program start is most of the kernel's
+            # work for a short command.
+            script = _JOIN_AND_RUN % (then, argv[2])
+            return ["/bin/sh", "-c", script, "/bin/sh", str(len(procs)), *procs]
         join = _JOIN % then
         return ["/bin/sh", "-c", join, "keystone-cgroup", str(len(procs)), *procs, *argv]
 

@@ -131,3 +131,53 @@ def test_empty_groups_dead_workers_left_are_removed_once_in_a_while(
     clock[0] += cgroups._SWEEP_SECONDS
     cgroups._remove_stale(parent)
     assert not later.exists() and young.exists()
+
+
+def _v1_groups(root: Path) -> tuple[cgroups._Hierarchy, ...]:
+    for name in ("pids", "memory"):
+        (root / name / "workers").mkdir(parents=True)
+    found, _ = find_hierarchies(root, V1_SELF)
+    return found
+
+
+def test_the_shell_that_joins_the_groups_runs_a_shell_command_itself(tmp_path: Path) -> None:
+    """One program started instead of two (`sh` joins, then execs `sh -c COMMAND`), and the
+    command sees what `/bin/sh -c COMMAND` shows it: $0, no positional parameter, none of
+    the joining loop's variables, its own exit code."""
+    command = 'echo "$0|$#|${n-unset}|$$"; tr "\\0" " " < /proc/$$/cmdline; exit 7'
+    with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
+        done = subprocess.run(
+            group.wrap(["/bin/sh", "-c", command], then="ulimit -f 8 && "),
+            capture_output=True,
+            text=True,
+        )
+        shown, cmdline = done.stdout.split("\n", 1)
+        assert done.returncode == 7, done.stderr
+        assert shown.split("|")[:3] == ["/bin/sh", "0", "unset"]
+        for path in group.paths:  # the shell that printed was the one that joined
+            assert (path / "cgroup.procs").read_text().strip() == shown.split("|")[3]
+            (path / "cgroup.procs").write_text("")  # not a real group: nothing to kill
+        assert "cgroup.procs" in cmdline  # the joining shell's own command line
+
+
+def test_a_failing_shell_step_keeps_the_command_from_starting(tmp_path: Path) -> None:
+    with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
+        done = subprocess.run(
+            group.wrap(["/bin/sh", "-c", "echo started"], then="ulimit -f nonsense && "),
+            capture_output=True,
+            text=True,
+        )
+        for path in group.paths:
+            (path / "cgroup.procs").write_text("")
+    assert done.returncode != 0
+    assert "started" not in done.stdout
+
+
+def test_a_program_that_is_not_a_shell_command_is_execd_after_joining(tmp_path: Path) -> None:
+    with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
+        argv = group.wrap(["/usr/bin/env", "sh", "-c", "echo $$"])
+        done = subprocess.run(argv, capture_output=True, text=True)
+        for path in group.paths:
+            assert (path / "cgroup.procs").read_text().strip() == done.stdout.strip()
+            (path / "cgroup.procs").write_text("")
+    assert argv[-4:] == ["/usr/bin/env", "sh", "-c", "echo $$"]
