@@ -26,16 +26,15 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
-# Writes its own PID into every cgroup.procs given, runs what the caller adds (%s), then
-# execs the rest of its arguments.
-_JOIN_LOOP = (
-    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; '
-)
+# Writes its own PID into every cgroup.procs given before "--", runs what the caller adds
+# (%s), then execs the arguments after "--". No shell variable: the command's environment
+# reaches it as it was given (a loop counter would overwrite an exported one of that name).
+_JOIN_LOOP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
 _JOIN = _JOIN_LOOP + '%s exec "$@"'
 # The same for a shell command, which this shell then runs itself instead of starting a
-# second one: with no positional parameter and no variable of its own left, the command sees
-# what `/bin/sh -c COMMAND` would show it (it starts on the script's second line).
-_JOIN_AND_RUN = _JOIN_LOOP + "unset n; %strue || exit\n%s"
+# second one: with no positional parameter left, the command sees what `/bin/sh -c COMMAND`
+# would show it (it starts on the script's second line).
+_JOIN_AND_RUN = _JOIN_LOOP + "%strue || exit\n%s"
 
 
 LIMITED = ("pids", "memory")
@@ -204,9 +203,9 @@ class CommandCgroup:
             # One shell started instead of two: a program start is most of the kernel's
             # work for a short command.
             script = _JOIN_AND_RUN % (then, argv[2])
-            return ["/bin/sh", "-c", script, "/bin/sh", str(len(procs)), *procs]
+            return ["/bin/sh", "-c", script, "/bin/sh", *procs, "--"]
         join = _JOIN % then
-        return ["/bin/sh", "-c", join, "keystone-cgroup", str(len(procs)), *procs, *argv]
+        return ["/bin/sh", "-c", join, "keystone-cgroup", *procs, "--", *argv]
 
     def pids_hit_limit(self) -> bool:
         """Whether the command was refused a process because of the ceiling."""

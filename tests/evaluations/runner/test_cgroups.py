@@ -142,18 +142,20 @@ def _v1_groups(root: Path) -> tuple[cgroups._Hierarchy, ...]:
 
 def test_the_shell_that_joins_the_groups_runs_a_shell_command_itself(tmp_path: Path) -> None:
     """One program started instead of two (`sh` joins, then execs `sh -c COMMAND`), and the
-    command sees what `/bin/sh -c COMMAND` shows it: $0, no positional parameter, none of
-    the joining loop's variables, its own exit code."""
+    command sees what `/bin/sh -c COMMAND` shows it: $0, no positional parameter, its
+    environment as given (the joining loop once counted in `n`, overwriting an exported
+    `n`), its own exit code."""
     command = 'echo "$0|$#|${n-unset}|$$"; tr "\\0" " " < /proc/$$/cmdline; exit 7'
     with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
         done = subprocess.run(
             group.wrap(["/bin/sh", "-c", command], then="ulimit -f 8 && "),
             capture_output=True,
             text=True,
+            env={**os.environ, "n": "5"},
         )
         shown, cmdline = done.stdout.split("\n", 1)
         assert done.returncode == 7, done.stderr
-        assert shown.split("|")[:3] == ["/bin/sh", "0", "unset"]
+        assert shown.split("|")[:3] == ["/bin/sh", "0", "5"]
         for path in group.paths:  # the shell that printed was the one that joined
             assert (path / "cgroup.procs").read_text().strip() == shown.split("|")[3]
             (path / "cgroup.procs").write_text("")  # not a real group: nothing to kill
@@ -175,9 +177,10 @@ def test_a_failing_shell_step_keeps_the_command_from_starting(tmp_path: Path) ->
 
 def test_a_program_that_is_not_a_shell_command_is_execd_after_joining(tmp_path: Path) -> None:
     with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
-        argv = group.wrap(["/usr/bin/env", "sh", "-c", "echo $$"])
-        done = subprocess.run(argv, capture_output=True, text=True)
+        argv = group.wrap(["/usr/bin/env", "sh", "-c", 'echo "$$ ${n-unset}"'])
+        done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "n": "5"})
+        pid, n = done.stdout.split()
         for path in group.paths:
-            assert (path / "cgroup.procs").read_text().strip() == done.stdout.strip()
+            assert (path / "cgroup.procs").read_text().strip() == pid
             (path / "cgroup.procs").write_text("")
-    assert argv[-4:] == ["/usr/bin/env", "sh", "-c", "echo $$"]
+    assert n == "5"  # the environment reaches the program as it was given
