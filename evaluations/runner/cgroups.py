@@ -194,8 +194,9 @@ class CommandCgroup:
 
     def wrap(self, argv: list[str], *, then: str = "") -> list[str]:
         """`argv`, started inside the group by a shell that runs the shell commands `then`
-        once it is in the group, joined to its `exec` of `argv` (`"ulimit -f 8 && "`: a
-        failing command keeps `argv` from starting)."""
+        once it is in the group, joined to its start of `argv` (`"ulimit -f 8 && "`: a
+        failing command keeps `argv` from starting). It execs `argv`, or runs COMMAND itself
+        when `argv` is `/bin/sh -c COMMAND`."""
         procs = [str(path / "cgroup.procs") for path in self.paths]
         if not procs and not then:
             return argv
