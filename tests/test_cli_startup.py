@@ -12,6 +12,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -47,6 +48,11 @@ def _printed_by(code: str, env: dict[str, str], timeout: float = 120) -> str:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip()
+
+
+def _json_printed_by(code: str, env: dict[str, str], timeout: float = 120) -> Any:
+    """The JSON value on the last line `code` printed (a fresh Python process)."""
+    return json.loads(_printed_by(code, env, timeout).splitlines()[-1])
 
 
 def test_django_setup_imports_neither_ninja_nor_pydantic(tmp_path: Path) -> None:
@@ -91,11 +97,10 @@ def _modules_after(tmp_path: Path, *argv: str) -> list[str]:
         f"loaded = sorted(m for m in {NOT_AT_START_UP!r} if m in sys.modules)\n"
         "print(json.dumps([code, loaded]))"
     )
-    printed = _printed_by(
+    exit_code, loaded = _json_printed_by(
         code, embedded_env(tmp_path / "home", KEYSTONE_POLICY_MIN_BACKEND="local")
     )
-    exit_code, loaded = json.loads(printed.splitlines()[-1])
-    assert exit_code == 0, printed
+    assert exit_code == 0, loaded
     return list(loaded)
 
 
@@ -143,8 +148,7 @@ def test_a_celery_worker_imports_the_execution_path_and_freezes_the_collector_be
         "worker_init.send(sender=None)\n"
         "print(json.dumps([before, [m in sys.modules for m in wanted], gc.get_freeze_count()]))"
     )
-    printed = _printed_by(code, embedded_env(tmp_path), timeout=60)
-    before, after, frozen = json.loads(printed.splitlines()[-1])
+    before, after, frozen = _json_printed_by(code, embedded_env(tmp_path), timeout=60)
     assert before == [False, False] and after == [True, True]
     assert frozen > 10_000  # the objects of Django and the runner, out of the collector's way
 
@@ -170,8 +174,7 @@ def test_the_command_collects_garbage_again_once_its_start_up_is_over(
         f"{start_up}\n"
         "print(json.dumps([gc.isenabled(), gc.get_freeze_count()]))"
     )
-    printed = _printed_by(code, embedded_env(tmp_path / "home"), timeout=60)
-    enabled, frozen = json.loads(printed.splitlines()[-1])
+    enabled, frozen = _json_printed_by(code, embedded_env(tmp_path / "home"), timeout=60)
     assert enabled is True
     assert frozen > 10_000
 
@@ -179,14 +182,7 @@ def test_the_command_collects_garbage_again_once_its_start_up_is_over(
 def test_the_keystone_executable_exits_with_the_command_s_code(tmp_path: Path) -> None:
     spec = tmp_path / "broken.yaml"
     spec.write_text("version: 1\nid: broken\n", encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-m", "evaluations.cli", "validate", str(spec)],
-        cwd=REPO_ROOT,
-        env=embedded_env(tmp_path / "home"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_keystone("validate", str(spec), env=embedded_env(tmp_path / "home"), timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "broken.yaml" in done.stderr
 
@@ -217,7 +213,6 @@ def test_a_web_server_loads_every_view_and_freezes_them_before_its_first_request
         f"import {entry_point}\n"
         "print(json.dumps(['evaluations.views.runs' in sys.modules, gc.get_freeze_count()]))"
     )
-    printed = _printed_by(code, embedded_env(tmp_path / "home"), timeout=60)
-    views_loaded, frozen = json.loads(printed.splitlines()[-1])
+    views_loaded, frozen = _json_printed_by(code, embedded_env(tmp_path / "home"), timeout=60)
     assert views_loaded is True
     assert frozen > 10_000
