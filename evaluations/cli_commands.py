@@ -634,7 +634,7 @@ def celery_worker_command(
     """The command line of a Celery worker for Keystone's tasks. With `beat_schedule` it
     also runs beat (the periodic requeue of dead workers' executions), keeping its state in
     that file; `hostname` names the worker (`name@%h`) where several share a machine."""
-    command = [sys.executable, "-m", "celery", "-A", "keystone_web", "worker"]
+    command = [sys.executable, "-m", "keystone_web.worker"]
     command += ["--loglevel", loglevel, "--concurrency", str(concurrency)]
     if beat_schedule is not None:
         command += ["--beat", "--schedule", str(beat_schedule)]

@@ -13,6 +13,11 @@ from celery import Celery
 from celery.signals import worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "keystone_web.settings")
+# A worker serves no page: Celery's Django fix-up would run Django's system checks at its
+# start, whose URL check imports the whole web application (the URLconf, every view, the
+# REST API with pydantic: 200 modules, ~15 MB in the worker and, after the fork, in its
+# pool's shared pages; issue 18). The web server and `manage.py check` run them.
+os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 
 app = Celery("keystone_web")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -153,6 +153,33 @@ def test_a_celery_worker_imports_the_execution_path_and_freezes_the_collector_be
     assert frozen > 10_000  # the objects of Django and the runner, out of the collector's way
 
 
+def test_a_celery_worker_imports_neither_celery_s_command_line_nor_the_web_app(
+    tmp_path: Path,
+) -> None:
+    """keystone_web/worker.py builds the worker through Celery's API (its command line
+    imports an interactive shell), and the worker skips Django's system checks, whose URL
+    check imports every view and the REST API: ~25 MB of each worker's tree (issue 18).
+    The real Worker is built, so its start-up signals (Celery's Django fix-up) have run;
+    only `start`, which would consume the broker's queue, is replaced by the report."""
+    code = (
+        "import json, sys\n"
+        "from celery.apps.worker import Worker\n"
+        "def report(worker):\n"
+        "    loaded = [m for m in ('click_repl', 'prompt_toolkit', 'keystone_web.urls',\n"
+        "              'ninja', 'pydantic', 'evaluations.runner.harness') if m in sys.modules]\n"
+        "    print(json.dumps([loaded, worker.hostname, worker.concurrency]))\n"
+        "Worker.start = report\n"
+        "from keystone_web.worker import main\n"
+        "main(['--concurrency', '3', '--loglevel', 'warning', '--hostname', 'one@%h',\n"
+        "      '--without-gossip', '--without-mingle'])"
+    )
+    env = embedded_env(tmp_path) | {"CELERY_BROKER_URL": "redis://127.0.0.1:6379/15"}
+    loaded, hostname, concurrency = _json_printed_by(code, env, timeout=60)
+    assert loaded == ["evaluations.runner.harness"]  # imported for the pool, nothing else
+    assert hostname.startswith("one@") and "%h" not in hostname
+    assert concurrency == 3
+
+
 @pytest.mark.parametrize(
     "start_up",
     [
