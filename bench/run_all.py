@@ -383,13 +383,15 @@ def merge(existing: str, rows: list[tuple[str, str, str, str]], command: str) ->
         row = fresh.pop(figure, None) if figure else None
         merged.append(line if row is None else "| " + " | ".join(row) + " |")
     merged += ["| " + " | ".join(row) + " |" for row in fresh.values()]
-    notes = [line for line in lines[table_end + 1 :] if line.strip()]
+    # The paragraphs under the table as they were (a paragraph's lines stay together).
+    notes = "\n".join(lines[table_end + 1 :]).strip("\n")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    notes.append(
+    note = (
         f"The {len(rows)} rows measured by `{command}` are from "
         f"{datetime.date.today():%Y-%m-%d} (load average at the end {load}); the others as above."
     )
-    return "\n".join(merged + [""] + "\n\n".join(notes).split("\n")) + "\n"
+    paragraphs = ["\n".join(merged), *([notes] if notes else []), note]
+    return "\n\n".join(paragraphs) + "\n"
 
 
 if __name__ == "__main__":

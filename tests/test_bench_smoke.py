@@ -55,6 +55,7 @@ def test_measuring_some_rows_again_keeps_the_written_sections_once(monkeypatch: 
     doc = (
         "# Performance\n\n| figure | target | measured | command |\n|---|---|---|---|\n"
         "| a | 1 | 5 / 5 / 5 ms | x |\n| b | 2 | 7 / 7 / 7 ms | y |\n\n"
+        "A paragraph about the table,\nwritten on two lines.\n\n"
         "## Written by hand\n\n| page | before | after |\n|---|---|---|\n| run list | 9 | 8 |\n"
     )
     measured, written = run_all.split_doc(doc)
@@ -65,3 +66,4 @@ def test_measuring_some_rows_again_keeps_the_written_sections_once(monkeypatch: 
     assert "| a | 1 | 5 / 5 / 5 ms | x |" in result
     assert "| b | 2 | 6 / 6 / 6 ms | y |" in result and "7 / 7 / 7" not in result
     assert result.index("measured by `python run_all --only b`") < result.index("## Written")
+    assert "A paragraph about the table,\nwritten on two lines.\n\n" in result  # as it was
