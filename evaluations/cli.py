@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from checks.report_model import RunSummary
 
 Handler = Callable[[argparse.Namespace], int]
+# Celery's log levels, for `keystone worker` and `keystone beat`.
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def command() -> None:
@@ -254,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="executions at a time (default: 2 Celery processes; without a broker, two "
         "threads per CPU core)",
     )
-    worker.add_argument("--loglevel", default="info")
+    worker.add_argument("--loglevel", default="info", type=str.lower, choices=LOG_LEVELS)
     worker.add_argument(
         "--beat",
         action="store_true",
@@ -268,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         "beat",
         help="run the periodic jobs (requeue of dead workers' executions); one per deployment",
     )
-    beat.add_argument("--loglevel", default="info")
+    beat.add_argument("--loglevel", default="info", type=str.lower, choices=LOG_LEVELS)
     beat.set_defaults(handler=_django_command("cmd_beat"))
     serve = commands.add_parser("serve", help="start the web app and a worker beside it")
     serve.add_argument("--host", default="127.0.0.1")

@@ -46,3 +46,16 @@ def test_keystone_worker_runs_beat_only_when_asked_with_a_unique_name(
     assert "--beat" not in plain and "--beat" in with_beat
     name = plain[plain.index("--hostname") + 1]
     assert name.startswith("keystone-") and name.endswith("@%h") and name != "keystone@%h"
+
+
+def test_keystone_worker_refuses_an_unknown_log_level_naming_the_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Refused by `keystone worker` itself, before it replaces itself with the Celery worker
+    (keystone_web/worker.py), whatever the case it is written in."""
+    parser = build_parser()
+    assert parser.parse_args(["worker", "--loglevel", "WARNING"]).loglevel == "warning"
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["worker", "--loglevel", "verbose"])
+    assert exited.value.code == 2
+    assert "argument --loglevel: invalid choice: 'verbose'" in capsys.readouterr().err
