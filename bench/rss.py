@@ -48,10 +48,6 @@ def tree(root: int) -> list[tuple[int, int]]:
     return trees([root])[root]
 
 
-def tree_rss(root: int) -> int:
-    return sum(size for _, size in tree(root))
-
-
 def pss(pid: int) -> int:
     """The process's proportional set size in bytes: its resident pages, each shared page
     divided among the processes sharing it (a prefork pool's children share most of their

@@ -206,6 +206,11 @@ def benches(tmp: Path) -> list[Bench]:
                          "<= Flakestorm's", number_after(r"keystone peak RSS: ([\d.]+) MB"), "MB"),
                   Figure("peers: `flakestorm contract run` peak RSS (process tree)", "-",
                          number_after(r"flakestorm peak RSS: ([\d.]+) MB"), "MB"),
+                  Figure("peers: `keystone run` peak PSS (process tree, shared pages "
+                         "counted once)", "-",
+                         number_after(r"keystone peak PSS: ([\d.]+) MB"), "MB"),
+                  Figure("peers: `flakestorm contract run` peak PSS (process tree)", "-",
+                         number_after(r"flakestorm peak PSS: ([\d.]+) MB"), "MB"),
               ),
               not_in_smoke="it installs Flakestorm from the package registry and takes about "
               "a minute at any size; run bench/peers/run_peers.py",

@@ -9,7 +9,9 @@ in a fresh KEYSTONE_HOME made for this script, migrated by one untimed run first
 user's second run would find it) and the whole `flakestorm contract run -c CONFIG` process,
 alternately, --repeat times each: wall time and peak RSS of the process tree (the sum of
 the resident sets of the command and its descendants, sampled every 50 ms from /proc; the
-largest single process, from wait4, is printed too), and the agent calls each made. The
+largest single process, from wait4, is printed too; and the peak sum of their proportional
+set sizes, which counts each page a forked process shares with its parent once), and the
+agent calls each made. The
 headline ratio compares like with like: keystone-job.yaml asks for `isolation:
 per_invariant`, one agent call per invariant x scenario x prompt as Flakestorm's contract
 engine makes (it skips the rest of a cell's prompts after a failure: 382 calls here); the
@@ -49,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers
-from rss import tree_rss  # noqa: E402
+from rss import pss, tree  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]  # the worktree whose `keystone` is measured
@@ -146,6 +148,10 @@ def agent_calls(port: int) -> int:
 class Measured:
     seconds: float
     tree_peak_rss: int  # bytes: the largest sum over the process tree seen while it ran
+    # bytes: the same for the proportional set sizes: each page the processes share (a
+    # forked process's, its parent's) counted once, where the sum of resident sets counts it
+    # once per process
+    tree_peak_pss: int
     largest_process_rss: int  # bytes: ru_maxrss of the largest process of the tree (wait4)
     returncode: int
     output: str
@@ -154,7 +160,7 @@ class Measured:
 
 def measure(argv: list[str], *, cwd: Path, env: dict[str, str], port: int) -> Measured:
     calls_before = agent_calls(port)
-    peak = 0
+    peak = peak_pss = 0
     started = time.perf_counter()
     process = subprocess.Popen(
         argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -166,7 +172,9 @@ def measure(argv: list[str], *, cwd: Path, env: dict[str, str], port: int) -> Me
     # Sample the tree until the command has exited; WNOWAIT leaves it unreaped, so that
     # wait4 below reaps it and reads its rusage.
     while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        peak = max(peak, tree_rss(process.pid))
+        members = tree(process.pid)
+        peak = max(peak, sum(size for _, size in members))
+        peak_pss = max(peak_pss, sum(pss(pid) for pid, _ in members))
         time.sleep(SAMPLE_SECONDS)
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - started
@@ -175,6 +183,7 @@ def measure(argv: list[str], *, cwd: Path, env: dict[str, str], port: int) -> Me
     return Measured(
         seconds=seconds,
         tree_peak_rss=max(peak, usage.ru_maxrss * 1024),
+        tree_peak_pss=peak_pss,
         largest_process_rss=usage.ru_maxrss * 1024,  # Linux reports kilobytes
         returncode=process.returncode,
         output="".join(chunks),
@@ -437,17 +446,18 @@ def run(
     ]
     print(
         f"  {'':<34}{'wall time':<26}{'peak RSS, process tree':<30}"
-        f"{'largest process':<18}agent calls"
+        f"{'peak PSS, process tree':<30}{'largest process':<18}agent calls"
     )
     for name, runs in rows:
         walls = [m.seconds for m in runs]
         trees = [m.tree_peak_rss / 1e6 for m in runs]
+        proportional = [m.tree_peak_pss / 1e6 for m in runs]
         largest = statistics.median(m.largest_process_rss for m in runs)
         calls = sorted({m.agent_calls for m in runs})
         print(
             f"  {name:<34}{spread(walls, '{:.2f}') + ' s':<26}"
-            f"{spread(trees, '{:.1f}') + ' MB':<30}{mb(largest):<18}"
-            f"{', '.join(map(str, calls))}"
+            f"{spread(trees, '{:.1f}') + ' MB':<30}{spread(proportional, '{:.1f}') + ' MB':<30}"
+            f"{mb(largest):<18}{', '.join(map(str, calls))}"
         )
     keystone_wall = statistics.median(m.seconds for m in keystone_runs)
     flakestorm_wall = statistics.median(m.seconds for m in flakestorm_runs)
@@ -465,6 +475,9 @@ def run(
     )
     print(f"keystone peak RSS: {keystone_rss / 1e6:.1f} MB")
     print(f"flakestorm peak RSS: {flakestorm_rss / 1e6:.1f} MB (target: keystone's <= this)")
+    for name, runs in (("keystone", keystone_runs), ("flakestorm", flakestorm_runs)):
+        median_pss = statistics.median(m.tree_peak_pss for m in runs)
+        print(f"{name} peak PSS: {median_pss / 1e6:.1f} MB")
 
     differ = print_verdicts(
         "verdicts, the job (invariant x scenario cells)", keystone_job, flakestorm_job
