@@ -8,9 +8,10 @@ A run is scenarios x prompts x replicas. Invariants with `probes` get their own 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from checks.plain import fields_dict
 from checks.spec.model import Invariant, Scenario, Spec
 
 # Execution.key's column size (evaluations.models uses this constant).
@@ -77,7 +78,7 @@ class PlannedExecution:
         return execution_seed(run_seed, self.key)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return fields_dict(self)
 
 
 def scenario_pillar(scenario: Scenario) -> str:

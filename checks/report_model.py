@@ -6,10 +6,11 @@ report and scored again later (`keystone score`), or rebuilt from database rows 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from checks.metrics import PILLAR_METRICS
+from checks.plain import fields_dict
 from checks.results import CheckResult
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ class ExecutionScore:
     reason: str = ""  # why it did not pass, in words ("" when it passed)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return fields_dict(self)
 
 
 @dataclass(slots=True)
@@ -152,7 +153,7 @@ class ReplicaAggregate:
         return label if self.pillar in MATRIX_PILLARS else f"{self.pillar}: {label}"
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = fields_dict(self)
         data["key"] = self.key
         return data
 
@@ -183,7 +184,7 @@ class MatrixCell:
         return text + (" (gate < 1.0)" if self.gates_below_one else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return fields_dict(self)
 
 
 @dataclass(slots=True)
@@ -196,7 +197,7 @@ class Resilience:
     total_weight: float
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return fields_dict(self)
 
 
 @dataclass(slots=True)
@@ -209,7 +210,7 @@ class GateResult:
     empty: bool = False  # no data: passes, flagged
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return fields_dict(self)
 
 
 @dataclass(slots=True)
@@ -226,7 +227,7 @@ class RunMetrics:
     judge_mean: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return fields_dict(self)
 
 
 @dataclass(slots=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from checks.plain import fields_dict
 
 
 class FailureCode(StrEnum):
@@ -125,7 +127,7 @@ class CheckResult:
         return self.failure_code in ERROR_CODES
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = fields_dict(self)
         data["failure_code"] = self.failure_code.value if self.failure_code else None
         return data
 

@@ -57,7 +57,7 @@ def test_files_a_dead_holder_wrote_without_rows_are_removed_on_takeover(
     assert services.execution_claim(execution_id=execution_id, worker=f"node-a:{task}")
     # The holder wrote a file, then was killed before its Artifact row.
     orphan = default_storage.save(
-        f"runs/{run.pk}/executions/{execution_id}/stdout/stdout.txt", ContentFile(b"half")
+        f"runs/{run.pk}/executions/{execution_id}/stdout.txt", ContentFile(b"half")
     )
     assert default_storage.exists(orphan)
     assert services.execution_claim(execution_id=execution_id, worker=f"node-b:{task}")

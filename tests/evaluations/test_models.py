@@ -151,8 +151,17 @@ def test_artifact_blob_lives_in_storage_not_in_the_row(execution: Execution, set
     artifact.refresh_from_db()
     on_disk = settings.KEYSTONE_ARTIFACT_ROOT / artifact.file.name
     assert on_disk.read_bytes() == payload
-    assert artifact.file.name.startswith(f"runs/{execution.run_id}/executions/{execution.pk}/")
+    # Straight in the execution's directory: no directory per kind (one mkdir fewer a file).
+    assert artifact.file.name == f"runs/{execution.run_id}/executions/{execution.pk}/stdout.txt"
     assert len(artifact.file.name) < 200
+
+
+def test_a_file_the_agent_named_gets_a_directory_of_its_own(execution: Execution) -> None:
+    """It can never take the name of one of Keystone's own blobs (stdout.txt, ...)."""
+    artifact = Artifact(execution=execution, kind=ArtifactKind.FILE, name="out/stdout.txt")
+    artifact.file.save("stdout.txt", ContentFile(b"mine"), save=True)
+    folder = f"runs/{execution.run_id}/executions/{execution.pk}"
+    assert artifact.file.name == f"{folder}/files/stdout.txt"
 
 
 # --- Spec versions ----------------------------------------------------------------------
