@@ -506,7 +506,9 @@ def _report(run_id: int, args: argparse.Namespace) -> int:
     from evaluations.services import engine_spec
     from evaluations.terminal import use_color
 
-    run = Run.objects.select_related("spec_version").get(pk=run_id)
+    # Scored again from the stored results, whose records the reports need: not the stored
+    # summary, a large JSON field (~0.5 kB an execution) this would only decode.
+    run = Run.objects.select_related("spec_version").defer("summary").get(pk=run_id)
     summary = score_run(engine_spec(run), run_records(run))
     for warning in run.warnings:
         if warning not in summary.warnings:

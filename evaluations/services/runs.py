@@ -28,6 +28,7 @@ from evaluations.models import (
     SpecVersion,
     Trigger,
 )
+from evaluations.services import statements
 from evaluations.services.replay import execution_replay_session
 
 
@@ -180,7 +181,7 @@ def run_plan(*, run_id: int) -> list[int]:
                 run.save(update_fields=["status", "finished", "warnings"])
                 return []
             rows = [_execution_row(run, p) for p in planned]
-            Execution.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
+            statements.insert(Execution, rows, ignore_conflicts=True)
             run.execution_count = run.executions.count()
             run.status = RunStatus.RUNNING
             run.started = timezone.now()

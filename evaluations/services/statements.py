@@ -60,10 +60,11 @@ def update(
         return int(cursor.rowcount)
 
 
-def insert(model: type[Model], rows: Sequence[Model]) -> None:
+def insert(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
     """INSERT `rows` (instances of `model`, primary keys left to the database), as many to
     a statement as the database takes (as `bulk_create` would), without reading the new
-    keys back."""
+    keys back. `ignore_conflicts`: a row a unique constraint refuses is skipped (ON CONFLICT
+    DO NOTHING, as `bulk_create(ignore_conflicts=True)`), the others are inserted."""
     connection = connections[router.db_for_write(model)]
     fields = _inserted_fields(model)
     size = max(1, connection.ops.bulk_batch_size(list(fields), list(rows)))
@@ -75,7 +76,9 @@ def insert(model: type[Model], rows: Sequence[Model]) -> None:
             for field in fields
         ]
         with connection.cursor() as cursor:
-            cursor.execute(_insertion(model, connection.alias, len(batch)), params)
+            cursor.execute(
+                _insertion(model, connection.alias, len(batch), ignore_conflicts), params
+            )
 
 
 @cache
@@ -84,14 +87,15 @@ def _inserted_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
 
 
 @cache
-def _insertion(model: type[Model], alias: str, count: int) -> str:
+def _insertion(model: type[Model], alias: str, count: int, ignore_conflicts: bool) -> str:
     """The INSERT of `count` rows."""
     quote = connections[alias].ops.quote_name
     fields = _inserted_fields(model)
     columns = ", ".join(quote(field.column) for field in fields)
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     values = ", ".join([row] * count)
-    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {values}"
+    skip = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
+    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {values}{skip}"
 
 
 @cache

@@ -139,3 +139,29 @@ def test_inserted_rows_read_back_as_bulk_create_writes_them(tmp_path) -> None:
     assert stored(first) == stored(second)
     assert all(row.created is not None for row in first.check_results.all())
     statements.insert(CheckResult, [])  # nothing to insert: no statement, no error
+
+
+def test_ignore_conflicts_skips_the_rows_a_unique_constraint_refuses_and_keeps_the_rest(
+    tmp_path,
+) -> None:
+    """As bulk_create(ignore_conflicts=True): what run_plan relies on to create a run's
+    executions once, whatever the number of calls."""
+    from django.db import IntegrityError, transaction
+
+    run = planned(tmp_path)
+    existing = list(run.executions.order_by("id"))
+
+    def copy(execution: Execution, key: str) -> Execution:
+        return Execution(
+            run=run, project_id=run.project_id, key=key, scenario=execution.scenario,
+            prompt=execution.prompt, plan={"again": True},
+        )  # fmt: skip
+
+    again = [copy(existing[0], existing[0].key), copy(existing[1], "new-key")]
+    with pytest.raises(IntegrityError), transaction.atomic():
+        statements.insert(Execution, again)
+    statements.insert(Execution, again, ignore_conflicts=True)
+    keys = sorted(run.executions.values_list("key", flat=True))
+    assert keys == sorted([existing[0].key, existing[1].key, "new-key"])
+    kept = run.executions.get(key=existing[0].key)
+    assert kept.plan != {"again": True}  # the first row stays as it was
