@@ -9,9 +9,9 @@ in a fresh KEYSTONE_HOME made for this script, migrated by one untimed run first
 user's second run would find it) and the whole `flakestorm contract run -c CONFIG` process,
 alternately, --repeat times each: wall time and peak RSS of the process tree (the sum of
 the resident sets of the command and its descendants, sampled every 50 ms from /proc; the
-largest single process, from wait4, is printed too; and the peak sum of their proportional
-set sizes, which counts each page a forked process shares with its parent once), and the
-agent calls each made. The
+largest single process, from wait4, is printed too), and the agent calls each made; then
+one more run of each, not timed, for the peak sum of their proportional set sizes (each page
+a forked process shares with its parent counted once). The
 headline ratio compares like with like: keystone-job.yaml asks for `isolation:
 per_invariant`, one agent call per invariant x scenario x prompt as Flakestorm's contract
 engine makes (it skips the rest of a cell's prompts after a failure: 382 calls here); the
@@ -148,9 +148,9 @@ def agent_calls(port: int) -> int:
 class Measured:
     seconds: float
     tree_peak_rss: int  # bytes: the largest sum over the process tree seen while it ran
-    # bytes: the same for the proportional set sizes: each page the processes share (a
-    # forked process's, its parent's) counted once, where the sum of resident sets counts it
-    # once per process
+    # bytes: the same for the proportional set sizes, each page the processes share (a
+    # forked process's, its parent's) counted once where the sum of resident sets counts it
+    # once per process; 0 unless asked for (`proportional`)
     tree_peak_pss: int
     largest_process_rss: int  # bytes: ru_maxrss of the largest process of the tree (wait4)
     returncode: int
@@ -158,7 +158,12 @@ class Measured:
     agent_calls: int
 
 
-def measure(argv: list[str], *, cwd: Path, env: dict[str, str], port: int) -> Measured:
+def measure(
+    argv: list[str], *, cwd: Path, env: dict[str, str], port: int, proportional: bool = False
+) -> Measured:
+    """The command's wall time and memory. `proportional` also samples its tree's PSS, which
+    slows the process it reads (the kernel walks its page tables under its memory lock): for
+    a run that is not timed."""
     calls_before = agent_calls(port)
     peak = peak_pss = 0
     started = time.perf_counter()
@@ -174,7 +179,8 @@ def measure(argv: list[str], *, cwd: Path, env: dict[str, str], port: int) -> Me
     while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         members = tree(process.pid)
         peak = max(peak, sum(size for _, size in members))
-        peak_pss = max(peak_pss, sum(pss(pid) for pid, _ in members))
+        if proportional:
+            peak_pss = max(peak_pss, sum(pss(pid) for pid, _ in members))
         time.sleep(SAMPLE_SECONDS)
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - started
@@ -434,6 +440,25 @@ def run(
     flakestorm_job = flakestorm_verdicts(
         flakestorm_runs[-1], flakestorm, config, tmp / "job-flakestorm.json"
     )
+    # The trees' PSS, from one more run of each tool (after the verdicts were read from the
+    # timed runs' reports): reading it slows what it reads.
+    extra = [
+        measure(
+            keystone_argv(specs["keystone-job.yaml"], job_report),
+            cwd=ROOT,
+            env=keystone_env,
+            port=port,
+            proportional=True,
+        ),
+        measure(
+            flakestorm_argv(flakestorm, config), cwd=tmp, env=flakestorm_env, port=port,
+            proportional=True,
+        ),
+    ]  # fmt: skip
+    for measured in extra:
+        if measured.returncode not in (0, 1) or "Traceback" in measured.output:
+            raise Crashed(f"exited {measured.returncode}:\n{measured.output[-3000:]}")
+    keystone_pss, flakestorm_pss = (measured.tree_peak_pss for measured in extra)
 
     print(
         "\npeers job: 10 invariants x 10 scenarios x 5 prompts, a local HTTP agent that "
@@ -446,18 +471,17 @@ def run(
     ]
     print(
         f"  {'':<34}{'wall time':<26}{'peak RSS, process tree':<30}"
-        f"{'peak PSS, process tree':<30}{'largest process':<18}agent calls"
+        f"{'largest process':<18}agent calls"
     )
     for name, runs in rows:
         walls = [m.seconds for m in runs]
         trees = [m.tree_peak_rss / 1e6 for m in runs]
-        proportional = [m.tree_peak_pss / 1e6 for m in runs]
         largest = statistics.median(m.largest_process_rss for m in runs)
         calls = sorted({m.agent_calls for m in runs})
         print(
             f"  {name:<34}{spread(walls, '{:.2f}') + ' s':<26}"
-            f"{spread(trees, '{:.1f}') + ' MB':<30}{spread(proportional, '{:.1f}') + ' MB':<30}"
-            f"{mb(largest):<18}{', '.join(map(str, calls))}"
+            f"{spread(trees, '{:.1f}') + ' MB':<30}{mb(largest):<18}"
+            f"{', '.join(map(str, calls))}"
         )
     keystone_wall = statistics.median(m.seconds for m in keystone_runs)
     flakestorm_wall = statistics.median(m.seconds for m in flakestorm_runs)
@@ -475,9 +499,8 @@ def run(
     )
     print(f"keystone peak RSS: {keystone_rss / 1e6:.1f} MB")
     print(f"flakestorm peak RSS: {flakestorm_rss / 1e6:.1f} MB (target: keystone's <= this)")
-    for name, runs in (("keystone", keystone_runs), ("flakestorm", flakestorm_runs)):
-        median_pss = statistics.median(m.tree_peak_pss for m in runs)
-        print(f"{name} peak PSS: {median_pss / 1e6:.1f} MB")
+    print(f"keystone peak PSS: {keystone_pss / 1e6:.1f} MB (one more run, not timed)")
+    print(f"flakestorm peak PSS: {flakestorm_pss / 1e6:.1f} MB (one more run, not timed)")
 
     differ = print_verdicts(
         "verdicts, the job (invariant x scenario cells)", keystone_job, flakestorm_job
