@@ -531,9 +531,9 @@ class ArtifactKind(models.TextChoices):
 
 def artifact_upload_to(instance: Artifact, filename: str) -> str:
     """Keystone's own blobs have a name per kind (stdout.txt, artifact.json, ...) and go
-    straight into the execution's directory: a directory per kind cost each execution one
-    more mkdir per file, kernel time that was a tenth of a no-op execution's (issue 18).
-    Files named by the agent (`file`) get a directory of their own."""
+    straight into the execution's directory: a directory per kind cost each file one more
+    mkdir, ~0.2 ms of an ext4 file system's kernel time, 2-4% of a short execution's CPU
+    (issue 18). Files named by the agent (`file`) get a directory of their own."""
     base = get_valid_filename(os.path.basename(instance.name or filename)) or instance.kind
     execution = instance.execution
     directory = f"runs/{execution.run_id}/executions/{execution.pk}"
