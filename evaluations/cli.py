@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING
 from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_SPEC_INVALID, CommandFailed
 from checks.metrics import SUMMARY_METRICS, format_metric
 from evaluations.terminal import use_color
+from keystone_web.worker import LOG_LEVELS
 
 if TYPE_CHECKING:
     from checks.report_model import RunSummary
 
 Handler = Callable[[argparse.Namespace], int]
-# Celery's log levels, for `keystone worker` and `keystone beat`.
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def command() -> None:

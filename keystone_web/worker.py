@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+# Celery's log levels (any case), also what `keystone worker` and `keystone beat` accept.
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m keystone_web.worker")
     parser.add_argument("--concurrency", type=int, required=True, help="pool processes")
-    parser.add_argument(
-        "--loglevel",
-        default="INFO",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
-    )
+    parser.add_argument("--loglevel", default="info", type=str.lower, choices=LOG_LEVELS)
     parser.add_argument("--hostname", help="node name; %%h expands to the host's name")
     parser.add_argument("--beat", action="store_true", help="also run beat (one per deployment)")
     parser.add_argument("--schedule", help="beat's state file")
@@ -44,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         loglevel=mlevel(args.loglevel),
         concurrency=args.concurrency,
         beat=args.beat,
-        schedule_filename=args.schedule or app.conf.beat_schedule_filename,
+        schedule_filename=args.schedule,  # None: the app's beat_schedule_filename
         without_gossip=args.without_gossip,
         without_mingle=args.without_mingle,
         without_heartbeat=args.without_heartbeat,
