@@ -3,13 +3,15 @@
 Seeds (fresh each time) a spec of 5 scenarios x 2 prompts x 100 replicas with 5 invariants,
 and two completed runs of it whose Execution and CheckResult rows are bulk-created and then
 finalized by the real service; in the second run one scenario's answers changed (so 200
-cells differ and are diffed on the page). Then requests the compare page through Django's
-test client and prints the median and 95th percentile.
+cells differ, the first page of them diffed on the page). Then, with the app loaded as a
+server's process has it (keystone_web.serving.app_loaded), requests the compare page through
+Django's test client and prints the median and 95th percentile.
 
     .venv/bin/python bench/bench_compare.py [--requests 20]
         [--database-url postgresql://postgres@127.0.0.1:5432/keystone_bench_compare]
 
-Target: under 300 ms of server time.
+Target: at most 50 ms at the 95th percentile (issue 18: every page, the compare page of two
+1,000-execution runs included).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SCENARIOS = ["no-chaos", "api-outage", "slow-llm", "hostile-tools", "injection"]
 REPLICAS = 100
 INVARIANTS = [f"invariant_{i}" for i in range(5)]
-TARGET_MS = 300
+TARGET_MS = 50
 
 
 def spec_source() -> str:
@@ -149,6 +151,8 @@ def main() -> int:
 
     from evaluations import services
     from evaluations.models import Membership, Project, Role
+    from evaluations.selectors.compare import EXECUTION_PAIRS_PAGE
+    from keystone_web.serving import app_loaded
 
     project = Project.objects.create(name="Bench", slug="bench")
     user = get_user_model().objects.create_user(username="bench-viewer")
@@ -162,7 +166,9 @@ def main() -> int:
     url = reverse("run_compare", args=[project.slug, after.pk]) + f"?against={before.pk}"
     first = client.get(url)
     assert first.status_code == 200 and b"<strong>Regressed</strong>" in first.content
-    assert first.content.count(b'<details class="execution-pair"') == 2 * REPLICAS
+    shown = first.content.count(b'<details class="execution-pair"')
+    assert shown == min(2 * REPLICAS, EXECUTION_PAIRS_PAGE), shown
+    app_loaded()
     timings = []
     for _ in range(args.requests):
         started = time.perf_counter()
@@ -174,7 +180,7 @@ def main() -> int:
         f"compare page, 2 x {10 * REPLICAS} executions: median {statistics.median(timings):.1f} ms, "
         f"p95 {p95:.1f} ms (n={args.requests}, target {TARGET_MS} ms)"
     )
-    return 0 if p95 < TARGET_MS else 1
+    return 0 if p95 <= TARGET_MS else 1
 
 
 if __name__ == "__main__":

@@ -782,7 +782,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(
             cap_markdown(
                 f"# Keystone compare: run {after.pk} against run {before.pk}\n\n```\n{text}```\n"
-                + _changed_executions_markdown(execution_pairs(before, after, limit=20))
+                + _changed_executions_markdown(execution_pairs(before, after, size=20).pairs)
             )
         )
         print(f"wrote {args.markdown}")

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import connection
+from django.db.models import Q
 from rapidfuzz.distance import Indel
 
 from checks.compare import DEFAULT_ALPHA, Comparison, StoredSummary, compare_summaries
@@ -43,7 +45,12 @@ def comparison_reference(after: Run, against: str) -> Run:
             raise ComparisonRefused(
                 f"compare against 'baseline' or a run id, not {against!r}"
             ) from None
-    before = Run.objects.select_related("spec", "spec_version").filter(pk=before_id).first()
+    before = (
+        Run.objects.select_related("spec", "spec_version")
+        .defer("summary", "spec_version__source_yaml")
+        .filter(pk=before_id)
+        .first()
+    )
     if before is None or before.project_id != after.project_id:
         raise ComparisonRefused(f"no run {before_id}")
     if before.spec_id != after.spec_id:
@@ -59,11 +66,21 @@ def comparison_reference(after: Run, against: str) -> Run:
 
 def run_comparison(before: Run, after: Run, *, alpha: float = DEFAULT_ALPHA) -> Comparison:
     """Every cell, group and gate of `after` against `before`: from the summaries
-    run_finalize stored (rescored after every review), else scored from the stored results."""
+    run_finalize stored (rescored after every review), else scored from the stored results.
+    Only the summaries' matrix, groups and gates are read: the rest (each execution's line,
+    ~300 kB for 1,000 executions) would cost more to load than the whole comparison."""
+    parts = ("matrix", "groups", "gates")
+    stored = {
+        row["pk"]: row
+        for row in Run.objects.filter(pk__in=(before.pk, after.pk)).values(
+            "pk", *(f"summary__{part}" for part in parts)
+        )
+    }
 
     def summary(run: Run) -> RunSummary | StoredSummary:
-        if run.summary.get("matrix") is not None and run.summary.get("groups") is not None:
-            return StoredSummary.from_dict(run.summary)
+        row = stored[run.pk]
+        if row["summary__matrix"] is not None and row["summary__groups"] is not None:
+            return StoredSummary.from_dict({part: row[f"summary__{part}"] for part in parts})
         return score_run(EngineSpec.from_dict(run.spec_version.parsed), run_records(run))
 
     return compare_summaries(summary(before), summary(after), alpha=alpha)
@@ -72,11 +89,16 @@ def run_comparison(before: Run, after: Run, *, alpha: float = DEFAULT_ALPHA) -> 
 # --- Executions side by side --------------------------------------------------------------
 # Per execution cell (the same Execution.key: scenario, prompt, replica) the two outputs
 # diffed word by word and the two tool-call sequences. Only cells that differ are shown,
-# at most EXECUTION_PAIRS_MAX, so two runs of 1,000 executions stay quick to render.
+# flipped verdicts first, a page at a time: the database finds the cells that differ and
+# orders them, so a page of two 1,000-execution runs reads and diffs only its own rows.
 
-EXECUTION_PAIRS_MAX = 200
+EXECUTION_PAIRS_PAGE = 20
 _TOKEN = re.compile(r"\s+|[^\s]+")
 _PAIR_FIELDS = ("pk", "key", "scenario", "prompt_index", "replica", "passed", "composite")
+# The order pairs are shown in: a verdict that flipped to failing (or to none), then one
+# that flipped to passing, then the rest (a changed output or tool call, a cell the
+# reference run lacks).
+RANK_TO_FAILING, RANK_TO_PASSING, RANK_OTHER = 0, 1, 2
 
 
 @dataclass(slots=True)
@@ -90,18 +112,22 @@ class ExecutionPair:
     diff: list[tuple[str, str]]  # (equal | delete | insert, text), word by word
     tools_before: list[str]
     tools_after: list[str]
+    tools_changed: bool  # the calls themselves, not their lines (which cut long arguments)
 
     @property
     def output_changed(self) -> bool:
         return any(op != "equal" for op, _ in self.diff)
 
     @property
-    def tools_changed(self) -> bool:
-        return self.tools_before != self.tools_after
-
-    @property
     def verdict_changed(self) -> bool:
         return self.before is not None and self.before["passed"] != self.after["passed"]
+
+
+@dataclass(frozen=True, slots=True)
+class PairPage:
+    pairs: list[ExecutionPair]
+    remaining: int  # the executions that differ from this page on, this page's included
+    next_cursor: str | None  # what `cursor=` takes for the page after this one; None: last
 
 
 def word_diff(before: str, after: str) -> list[tuple[str, str]]:
@@ -142,26 +168,85 @@ def _tool_line(call: Any) -> str:
     return f"{call.get('name', '?')}({arguments[:200]})"
 
 
+def pair_cursor(text: str) -> tuple[int, int]:
+    """A `cursor=` value (RANK-ID, as PairPage.next_cursor gives it) read back; ValueError
+    with a message naming what is wrong."""
+    rank, _, pk = text.partition("-")
+    if not (rank.isdigit() and pk.isdigit() and int(rank) <= RANK_OTHER):
+        raise ValueError(f"cursor={text!r} is not a page of this comparison (RANK-ID)")
+    return int(rank), int(pk)
+
+
+def _differing_sql() -> str:
+    """Each execution of the run compared (second parameter) ranked against its cell in the
+    reference run (first parameter): RANK_* when it differs, -1 when it does not. The
+    reference is read by a correlated subquery, one probe of the (run, key) index per
+    execution, which the planner keeps whatever its statistics say (an anti-join it chose
+    on a fresh run's stale statistics compared every pair of rows: 1,000,000 for two runs
+    of 1,000). A verdict is compared as 1 / 0 / -1, null-safely on both databases."""
+    table = connection.ops.quote_name(Execution._meta.db_table)
+    verdict = "COALESCE(CAST({0}.passed AS INTEGER), -1)"
+    return f"""
+        SELECT id, rank FROM (
+            SELECT compared.id AS id, COALESCE((
+                SELECT CASE
+                    WHEN {verdict.format("reference")} <> {verdict.format("compared")}
+                        THEN CASE WHEN compared.passed THEN {RANK_TO_PASSING}
+                            ELSE {RANK_TO_FAILING} END
+                    WHEN reference.final_output = compared.final_output
+                        AND reference.tool_sequence = compared.tool_sequence THEN -1
+                    ELSE {RANK_OTHER} END
+                FROM {table} reference
+                WHERE reference.run_id = %s AND reference.key = compared.key
+            ), {RANK_OTHER}) AS rank
+            FROM {table} compared WHERE compared.run_id = %s
+        ) ranked WHERE rank >= 0"""  # noqa: S608 (no value of a user's in the text)
+
+
 def execution_pairs(
-    before: Run, after: Run, *, limit: int = EXECUTION_PAIRS_MAX
-) -> list[ExecutionPair]:
-    """The cells of `after` whose output, tool calls or verdict differ from the same cell of
-    `before`, worst first (a verdict that flipped), at most `limit`: two queries."""
+    before: Run,
+    after: Run,
+    *,
+    cursor: tuple[int, int] | None = None,
+    size: int = EXECUTION_PAIRS_PAGE,
+) -> PairPage:
+    """A page of the cells of `after` that differ from the same cell of `before`, flipped
+    verdicts first, then in run order, from `cursor` (pair_cursor) on, and how many differ:
+    two queries (the page's ids and the count, then its rows with their cells in
+    `before`), whatever the size of the runs."""
     fields = (*_PAIR_FIELDS, "final_output", "tool_sequence")
-    old = {row["key"]: row for row in Execution.objects.filter(run=before).values(*fields)}
-    pairs = []
-    for row in Execution.objects.filter(run=after).order_by("id").values(*fields):
-        reference = old.get(row["key"])
-        tools_after = [_tool_line(c) for c in row["tool_sequence"] or []]
-        tools_before = [_tool_line(c) for c in (reference or {}).get("tool_sequence") or []]
-        same = (
-            reference is not None
-            and reference["final_output"] == row["final_output"]
-            and tools_before == tools_after
-            and reference["passed"] == row["passed"]
+    sql, params = _differing_sql(), [before.pk, after.pk]
+    if cursor is not None:
+        sql += " AND (rank > %s OR (rank = %s AND id > %s))"
+        params += [cursor[0], cursor[0], cursor[1]]
+    with connection.cursor() as db:
+        # The count comes with the page (a window over every row that differs, before the
+        # LIMIT), not from a second pass over the runs.
+        db.execute(
+            f"SELECT id, rank, COUNT(*) OVER () FROM ({sql}) differing ORDER BY rank, id LIMIT %s",
+            [*params, size + 1],
         )
-        if same:
-            continue
+        counted = db.fetchall()
+    ranked = [(pk, rank) for pk, rank, _ in counted]
+    remaining = counted[0][2] if counted else 0
+    more = len(ranked) > size
+    ranked = ranked[:size]
+    ids = [pk for pk, _ in ranked]
+    # The page's rows and their cells in `before`, in one query: a key of `before`'s rows
+    # matches only if that cell is on the page.
+    keys = Execution.objects.filter(pk__in=ids).values("key")
+    rows = list(
+        Execution.objects.filter(Q(pk__in=ids) | Q(run_id=before.pk, key__in=keys)).values(*fields)
+    )
+    on_page = set(ids)
+    compared = {row["pk"]: row for row in rows if row["pk"] in on_page}
+    page = [compared[pk] for pk in ids]
+    old = {row["key"]: row for row in rows if row["pk"] not in compared}
+    pairs = []
+    for row in page:
+        reference = old.get(row["key"])
+        sequence_before = (reference or {}).get("tool_sequence") or []
+        sequence_after = row["tool_sequence"] or []
         pairs.append(
             ExecutionPair(
                 key=row["key"],
@@ -171,12 +256,13 @@ def execution_pairs(
                 before=reference,
                 after=row,
                 diff=word_diff(reference["final_output"] if reference else "", row["final_output"]),
-                tools_before=tools_before,
-                tools_after=tools_after,
+                tools_before=[_tool_line(c) for c in sequence_before],
+                tools_after=[_tool_line(c) for c in sequence_after],
+                tools_changed=sequence_before != sequence_after,
             )
         )
-    # A verdict that flipped to failing first, then any flip, then the rest in run order.
-    pairs.sort(
-        key=lambda p: (not (p.verdict_changed and not p.after["passed"]), not p.verdict_changed)
-    )
-    return pairs[:limit]
+    next_cursor = None
+    if more:
+        last_id, last_rank = ranked[-1]
+        next_cursor = f"{last_rank}-{last_id}"
+    return PairPage(pairs=pairs, remaining=remaining, next_cursor=next_cursor)

@@ -482,12 +482,13 @@ COMPARE_FIGURES = (
 @require_GET
 def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpResponse:
     """A run beside its spec's baseline (or `?against=RUN`): the figures and their deltas,
-    then every cell that changed with its statistical verdict (checks.compare)."""
+    then every cell that changed with its statistical verdict (checks.compare), then the
+    executions that differ, a page at a time (`?cursor=`; htmx asks for the next page alone)."""
     from evaluations.selectors.compare import (
-        EXECUTION_PAIRS_MAX,
         ComparisonRefused,
         comparison_reference,
         execution_pairs,
+        pair_cursor,
         run_comparison,
     )
 
@@ -496,12 +497,26 @@ def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpRes
     if after is None:
         raise Http404("No such run in this project.")
     against = request.GET.get("against") or "baseline"
+    try:
+        cursor = pair_cursor(request.GET["cursor"]) if "cursor" in request.GET else None
+    except ValueError as exc:
+        return HttpResponseBadRequest(f"run_compare: {exc}", content_type="text/plain")
     context: dict[str, Any] = {"access": access, "run": after, "against": against}
     try:
         before = comparison_reference(after, against)
     except ComparisonRefused as exc:
         context["problem"] = str(exc)
         return render(request, "runs/run_compare.html", context, status=200)
+    page = execution_pairs(before, after, cursor=cursor)
+    context.update(
+        before=before,
+        pairs=page.pairs,
+        remaining=page.remaining,
+        next_cursor=page.next_cursor,
+        paged=cursor is not None,
+    )
+    if cursor is not None and is_htmx(request):
+        return render(request, "runs/run_compare.html#pairs", context)
     comparison = run_comparison(before, after)
     figures = []
     for label, name, digits in COMPARE_FIGURES:
@@ -511,13 +526,10 @@ def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpRes
             {"label": label, "before": old, "after": new, "delta": delta, "digits": digits}
         )
     context.update(
-        before=before,
         comparison=comparison,
         matrix=_compare_matrix(comparison.cells),
         changed=comparison.changed(),
         figures=figures,
-        pairs=execution_pairs(before, after),
-        pairs_max=EXECUTION_PAIRS_MAX,
     )
     return render(request, "runs/run_compare.html", context)
 
