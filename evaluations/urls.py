@@ -55,6 +55,11 @@ urlpatterns = [
     path("p/<slug:project_slug>/runs/<int:run_id>/", runs.run_detail, name="run_detail"),
     path("p/<slug:project_slug>/runs/<int:run_id>/cell/", runs.run_cell, name="run_cell"),
     path("p/<slug:project_slug>/runs/<int:run_id>/compare/", runs.run_compare, name="run_compare"),
+    path(
+        "p/<slug:project_slug>/runs/<int:run_id>/compare/<int:execution_id>/",
+        runs.run_compare_pair,
+        name="run_compare_pair",
+    ),
     path("p/<slug:project_slug>/runs/<int:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
     path(
         "p/<slug:project_slug>/runs/<int:run_id>/rerun-failed/",

@@ -94,7 +94,17 @@ def run_comparison(before: Run, after: Run, *, alpha: float = DEFAULT_ALPHA) -> 
 
 EXECUTION_PAIRS_PAGE = 20
 _TOKEN = re.compile(r"\s+|[^\s]+")
-_PAIR_FIELDS = ("pk", "key", "scenario", "prompt_index", "replica", "passed", "composite")
+_PAIR_FIELDS = (
+    "pk",
+    "key",
+    "scenario",
+    "prompt_index",
+    "replica",
+    "passed",
+    "composite",
+    "final_output",
+    "tool_sequence",
+)
 # The order pairs are shown in: a verdict that flipped to failing (or to none), then one
 # that flipped to passing, then the rest (a changed output or tool call, a cell the
 # reference run lacks).
@@ -103,24 +113,48 @@ RANK_TO_FAILING, RANK_TO_PASSING, RANK_OTHER = 0, 1, 2
 
 @dataclass(slots=True)
 class ExecutionPair:
+    """One cell of both runs. The word diff and the tool-call lines are worked out when
+    read: the compare page lists pairs by their summary and loads each one's diff when it
+    is opened (run_compare_pair); `keystone compare --markdown` reads them all."""
+
     key: str
     scenario: str
     prompt_index: int
     replica: int
     before: dict[str, Any] | None
     after: dict[str, Any]
-    diff: list[tuple[str, str]]  # (equal | delete | insert, text), word by word
-    tools_before: list[str]
-    tools_after: list[str]
-    tools_changed: bool  # the calls themselves, not their lines (which cut long arguments)
 
     @property
     def output_changed(self) -> bool:
-        return any(op != "equal" for op, _ in self.diff)
+        return self.before is None or self.before["final_output"] != self.after["final_output"]
+
+    @property
+    def tools_changed(self) -> bool:
+        """The calls themselves, not their lines (which cut long arguments)."""
+        return self._sequence(self.before) != self._sequence(self.after)
 
     @property
     def verdict_changed(self) -> bool:
         return self.before is not None and self.before["passed"] != self.after["passed"]
+
+    @property
+    def diff(self) -> list[tuple[str, str]]:
+        """(equal | delete | insert, text), word by word."""
+        return word_diff(
+            self.before["final_output"] if self.before else "", self.after["final_output"]
+        )
+
+    @property
+    def tools_before(self) -> list[str]:
+        return [_tool_line(call) for call in self._sequence(self.before)]
+
+    @property
+    def tools_after(self) -> list[str]:
+        return [_tool_line(call) for call in self._sequence(self.after)]
+
+    @staticmethod
+    def _sequence(row: dict[str, Any] | None) -> list[Any]:
+        return (row or {}).get("tool_sequence") or []
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +248,6 @@ def execution_pairs(
     verdicts first, then in run order, from `cursor` (pair_cursor) on, and how many differ:
     two queries (the page's ids and the count, then its rows with their cells in
     `before`), whatever the size of the runs."""
-    fields = (*_PAIR_FIELDS, "final_output", "tool_sequence")
     sql, params = _differing_sql(), [before.pk, after.pk]
     if cursor is not None:
         sql += " AND (rank > %s OR (rank = %s AND id > %s))"
@@ -236,33 +269,46 @@ def execution_pairs(
     # matches only if that cell is on the page.
     keys = Execution.objects.filter(pk__in=ids).values("key")
     rows = list(
-        Execution.objects.filter(Q(pk__in=ids) | Q(run_id=before.pk, key__in=keys)).values(*fields)
+        Execution.objects.filter(Q(pk__in=ids) | Q(run_id=before.pk, key__in=keys))
+        .order_by()
+        .values(*_PAIR_FIELDS)
     )
     on_page = set(ids)
     compared = {row["pk"]: row for row in rows if row["pk"] in on_page}
     page = [compared[pk] for pk in ids]
     old = {row["key"]: row for row in rows if row["pk"] not in compared}
-    pairs = []
-    for row in page:
-        reference = old.get(row["key"])
-        sequence_before = (reference or {}).get("tool_sequence") or []
-        sequence_after = row["tool_sequence"] or []
-        pairs.append(
-            ExecutionPair(
-                key=row["key"],
-                scenario=row["scenario"],
-                prompt_index=row["prompt_index"],
-                replica=row["replica"],
-                before=reference,
-                after=row,
-                diff=word_diff(reference["final_output"] if reference else "", row["final_output"]),
-                tools_before=[_tool_line(c) for c in sequence_before],
-                tools_after=[_tool_line(c) for c in sequence_after],
-                tools_changed=sequence_before != sequence_after,
-            )
-        )
+    pairs = [_pair(row, old.get(row["key"])) for row in page]
     next_cursor = None
     if more:
         last_id, last_rank = ranked[-1]
         next_cursor = f"{last_rank}-{last_id}"
     return PairPage(pairs=pairs, remaining=remaining, next_cursor=next_cursor)
+
+
+def execution_pair(before: Run, after: Run, execution_id: int) -> ExecutionPair | None:
+    """The execution `execution_id` of `after` beside the same cell of `before` (None when
+    `after` has no such execution): one query."""
+    cell = Execution.objects.filter(pk=execution_id, run_id=after.pk).values("key")
+    rows = list(
+        Execution.objects.filter(
+            Q(pk=execution_id, run_id=after.pk) | Q(run_id=before.pk, key__in=cell)
+        )
+        .order_by()
+        .values(*_PAIR_FIELDS, "run_id")
+    )
+    compared = next((row for row in rows if row["run_id"] == after.pk), None)
+    if compared is None:
+        return None
+    reference = next((row for row in rows if row["run_id"] == before.pk), None)
+    return _pair(compared, reference)
+
+
+def _pair(row: dict[str, Any], reference: dict[str, Any] | None) -> ExecutionPair:
+    return ExecutionPair(
+        key=row["key"],
+        scenario=row["scenario"],
+        prompt_index=row["prompt_index"],
+        replica=row["replica"],
+        before=reference,
+        after=row,
+    )

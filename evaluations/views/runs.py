@@ -534,6 +534,35 @@ def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpRes
     return render(request, "runs/run_compare.html", context)
 
 
+@login_required
+@require_GET
+def run_compare_pair(
+    request: HttpRequest, project_slug: str, run_id: int, execution_id: int
+) -> HttpResponse:
+    """One execution of the run beside the same cell of the run it is compared with
+    (`?against=`, as on the compare page): both outputs diffed word by word and both
+    tool-call sequences. The compare page loads it into a pair when the pair is opened."""
+    from evaluations.selectors.compare import (
+        ComparisonRefused,
+        comparison_reference,
+        execution_pair,
+    )
+
+    access = project_for(request, project_slug)
+    after = selectors.run_in_project(access.project, run_id)
+    if after is None:
+        raise Http404("No such run in this project.")
+    try:
+        before = comparison_reference(after, request.GET.get("against") or "baseline")
+    except ComparisonRefused as exc:
+        return HttpResponseBadRequest(f"run_compare_pair: {exc}", content_type="text/plain")
+    pair = execution_pair(before, after, execution_id)
+    if pair is None:
+        raise Http404(f"Run #{after.pk} has no execution #{execution_id}.")
+    context = {"access": access, "run": after, "before": before, "pair": pair}
+    return render(request, page_or_region(request, "runs/run_compare_pair.html", "body"), context)
+
+
 def _compare_matrix(cells: list[Any]) -> dict[str, Any]:
     """The invariant x scenario cells of a comparison as a grid (rows of invariants, one
     column per scenario), so the changed cells stand out among those that did not."""

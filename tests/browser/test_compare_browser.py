@@ -49,15 +49,19 @@ def test_pick_two_runs_open_compare_and_a_changed_cell(
     pairs = page.locator("details.execution-pair")
     assert pairs.count() == 3  # every replica changed its answer
     first = pairs.first
-    assert not first.locator("pre.word-diff").is_visible()
+    assert first.locator("pre.word-diff").count() == 0  # loaded when the pair is opened
     first.locator("summary").click()
     diff = first.locator("pre.word-diff")
-    assert diff.is_visible()
+    diff.wait_for(state="visible")
     assert diff.locator("del").all_inner_texts() == ["refunded"]
     assert diff.locator("ins").all_inner_texts() == ["declined"]
     assert diff.inner_text().strip() == "Order 1042 refundeddeclined today"
     assert first.locator("ol.tools-before li").all_inner_texts() == ["none"]
     browse.screenshot("compare-diff")
+    # Closing and opening it again does not load it a second time.
+    first.locator("summary").click()
+    first.locator("summary").click()
+    assert first.locator("pre.word-diff").count() == 1
 
     # Ticking one run is refused with a message, back on the list.
     page.goto(f"{browse.base_url}/p/agents/runs/")

@@ -16,7 +16,7 @@ from django.urls import reverse
 from checks.compare import compare_summaries
 from checks.scoring import score_run
 from evaluations.cli import main
-from evaluations.models import Baseline, CheckResult, Membership, Role, Run
+from evaluations.models import Baseline, CheckResult, Execution, Membership, Role, Run
 from evaluations.selectors.compare import run_comparison, word_diff
 from evaluations.selectors.records import run_records
 from evaluations.selectors.reports import regression_report
@@ -104,7 +104,15 @@ def test_promote_on_main_change_the_agent_and_see_the_regression(
     assert page.status_code == 200
     assert "<strong>Regressed</strong>" in html and "(the baseline)" in html
     assert html.count('<details class="execution-pair"') == 8
-    assert "Your order was <del>refunded</del><ins>declined</ins>" in html
+    # Each pair's diff is loaded when it is opened.
+    first = Execution.objects.filter(run=worse).order_by("id").first()
+    assert first is not None
+    pair = client.get(
+        reverse("run_compare_pair", args=[worse.project.slug, worse.pk, first.pk]),
+        {"against": good.pk},
+        headers={"HX-Request": "true"},
+    ).content.decode()
+    assert "Your order was <del>refunded</del><ins>declined</ins>" in pair
 
     # The overview's regression rows link to the compare page at the row of that change.
     overview = client.get(reverse("overview", args=[worse.project.slug])).content.decode()

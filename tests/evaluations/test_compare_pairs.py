@@ -184,3 +184,54 @@ def test_the_page_shows_a_page_and_htmx_appends_the_next(
     refused = client.get(url, {"against": before.pk, "cursor": "later"})
     assert refused.status_code == 400
     assert "cursor='later' is not a page of this comparison" in refused.content.decode()
+
+
+def test_an_opened_pair_loads_its_diff_for_members_only(
+    project: Project, runs: tuple[Run, Run], django_user_model: Any
+) -> None:
+    before, after = runs
+    viewer = django_user_model.objects.create_user(username="vera")
+    Membership.objects.create(project=project, user=viewer, role=Role.VIEWER)
+    client = Client()
+    client.force_login(viewer)
+    changed = Execution.objects.get(run=after, replica=4)
+    url = reverse("run_compare_pair", args=[project.slug, after.pk, changed.pk])
+
+    # Without `against`, the spec's baseline, which it has not: said so.
+    no_baseline = client.get(url)
+    assert (
+        no_baseline.status_code == 400 and "has no active baseline" in no_baseline.content.decode()
+    )
+    listed = client.get(
+        reverse("run_compare", args=[project.slug, after.pk]), {"against": before.pk}
+    )
+    assert f'hx-get="{url}?against={before.pk}"' in listed.content.decode()
+
+    fragment = client.get(url, {"against": before.pk}, headers={"HX-Request": "true"})
+    body = fragment.content.decode()
+    assert fragment.status_code == 200 and "<html" not in body
+    assert "refunded <del>today</del><ins>tomorrow</ins>" in body
+    assert body.count("<li>lookup({&quot;order&quot;: 1042})</li>") == 2
+    full = client.get(url, {"against": before.pk}).content.decode()
+    assert "<html" in full and "refunded <del>today</del><ins>tomorrow</ins>" in full
+    assert f"Compare with run #{before.pk}" in full
+
+    # A cell the reference run lacks says so.
+    new_cell = Execution.objects.get(run=after, replica=8)
+    lone = client.get(
+        reverse("run_compare_pair", args=[project.slug, after.pk, new_cell.pk]),
+        {"against": before.pk},
+        headers={"HX-Request": "true"},
+    ).content.decode()
+    assert f"run #{before.pk} has no execution in this cell" in lone
+
+    # An execution of another run, a reference that is not one, and a non-member: refused.
+    other = Execution.objects.get(run=before, replica=4)
+    wrong_run = reverse("run_compare_pair", args=[project.slug, after.pk, other.pk])
+    assert client.get(wrong_run, {"against": before.pk}).status_code == 404
+    refused = client.get(url, {"against": "yesterday"})
+    assert refused.status_code == 400
+    assert "compare against 'baseline' or a run id, not 'yesterday'" in refused.content.decode()
+    outsider = django_user_model.objects.create_user(username="otto")
+    client.force_login(outsider)
+    assert client.get(url, {"against": before.pk}).status_code == 404

@@ -126,6 +126,8 @@ class Growing:
             "compare (baseline)": reverse("run_compare", args=[slug, after.pk]),
             "compare (two runs)": reverse("run_compare", args=[slug, after.pk])
             + f"?against={before.pk}",
+            "compare pair": reverse("run_compare_pair", args=[slug, after.pk, execution.pk])
+            + f"?against={before.pk}",
             "execution detail": reverse("execution_detail", args=[slug, execution.pk]),
             "review queue": reverse("review_queue", args=[slug]),
             "review queue (complete)": reverse("review_queue", args=[slug]) + "?status=complete",
@@ -169,7 +171,7 @@ def test_every_page_is_measured() -> None:
     measured = {
         "project_list", "overview", "spec_list", "spec_detail", "spec_edit", "spec_new",
         "spec_diff", "spec_trends", "spec_baselines", "regressions", "run_list", "run_detail",
-        "run_cell", "run_compare", "execution_detail", "review_queue", "review_item",
+        "run_cell", "run_compare", "run_compare_pair", "execution_detail", "review_queue", "review_item",
         "review_agreement", "members", "project_settings", "project_digest_preview",
     }  # fmt: skip
     assert {p.name for p in urlpatterns} == measured | downloads_and_actions
