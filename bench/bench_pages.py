@@ -444,6 +444,10 @@ def bench_pages(client: Any) -> dict[str, str]:
         + f"?scenario={SCENARIOS[1]}&invariant={INVARIANTS[0]}",
         "compare (baseline)": compare,
         "compare (two runs)": compare + f"?against={older.pk}",
+        "compare: an opened pair": reverse(
+            "run_compare_pair", args=[slug, big_run.pk, synthetic.pk]
+        )
+        + f"?against={older.pk}",
         "execution detail (synthetic)": reverse("execution_detail", args=[slug, synthetic.pk]),
         "execution detail (real)": reverse("execution_detail", args=[slug, failing.pk]),
         "review queue": queue,
