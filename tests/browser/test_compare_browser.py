@@ -69,3 +69,36 @@ def test_pick_two_runs_open_compare_and_a_changed_cell(
     page.click("#compare-selected")
     page.wait_for_url("**/p/agents/runs/")
     assert "Tick exactly two runs of this project to compare (1 ticked)." in page.content()
+
+
+def test_more_executions_appends_the_next_page_and_its_pairs_open(
+    browse: Any, django_user_model: Any, tmp_path: Path
+) -> None:
+    from evaluations.selectors.compare import EXECUTION_PAIRS_PAGE
+
+    project = Project.objects.create(name="Agents", slug="agents")
+    viewer = django_user_model.objects.create_user(username="vera", password="pw-vera-123")
+    Membership.objects.create(project=project, user=viewer, role=Role.VIEWER)
+    many = SPEC.replace("replicas: 3", f"replicas: {EXECUTION_PAIRS_PAGE + 2}")
+    good = run_spec(project, many % "Order 1042 refunded today", spec_dir=tmp_path)
+    worse = run_spec(project, many % "Order 1042 declined today", spec_dir=tmp_path)
+    page = browse.page
+
+    browse.login("vera", "pw-vera-123")
+    page.goto(f"{browse.base_url}/p/agents/runs/{worse.pk}/compare/?against={good.pk}")
+    pairs = page.locator("details.execution-pair")
+    assert pairs.count() == EXECUTION_PAIRS_PAGE
+    assert f"{EXECUTION_PAIRS_PAGE + 2} executions of run #{worse.pk} differ" in page.inner_text(
+        "#pairs-count"
+    )
+    page.click("text=More executions")
+    page.wait_for_function(
+        f"document.querySelectorAll('details.execution-pair').length == {EXECUTION_PAIRS_PAGE + 2}"
+    )
+    assert page.locator("text=More executions").count() == 0
+    assert page.url.endswith(f"/compare/?against={good.pk}")  # htmx: the page stayed
+    last = pairs.last
+    assert "replica " + str(EXECUTION_PAIRS_PAGE + 1) in last.locator("summary").inner_text()
+    last.locator("summary").click()
+    last.locator("pre.word-diff").wait_for(state="visible")
+    assert last.locator("pre.word-diff ins").all_inner_texts() == ["declined"]
