@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from evaluations.models import Membership, Project, Role
+from evaluations.models import Membership, Project, Role, Run
+from evaluations.selectors.compare import EXECUTION_PAIRS_PAGE
 from tests.evaluations.execution_helpers import run_spec
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -28,17 +29,27 @@ replicas: 3
 """
 
 
-def test_pick_two_runs_open_compare_and_a_changed_cell(
-    browse: Any, django_user_model: Any, tmp_path: Path
-) -> None:
+def two_runs_seen_by_a_viewer(
+    browse: Any, django_user_model: Any, tmp_path: Path, replicas: int = 3
+) -> tuple[Run, Run]:
+    """Two runs of SPEC, every replica's answer changed from the first to the second, and a
+    viewer of their project signed in."""
     project = Project.objects.create(name="Agents", slug="agents")
     viewer = django_user_model.objects.create_user(username="vera", password="pw-vera-123")
     Membership.objects.create(project=project, user=viewer, role=Role.VIEWER)
-    good = run_spec(project, SPEC % "Order 1042 refunded today", spec_dir=tmp_path)
-    worse = run_spec(project, SPEC % "Order 1042 declined today", spec_dir=tmp_path)
+    spec = SPEC.replace("replicas: 3", f"replicas: {replicas}")
+    good = run_spec(project, spec % "Order 1042 refunded today", spec_dir=tmp_path)
+    worse = run_spec(project, spec % "Order 1042 declined today", spec_dir=tmp_path)
+    browse.login("vera", "pw-vera-123")
+    return good, worse
+
+
+def test_pick_two_runs_open_compare_and_a_changed_cell(
+    browse: Any, django_user_model: Any, tmp_path: Path
+) -> None:
+    good, worse = two_runs_seen_by_a_viewer(browse, django_user_model, tmp_path)
     page = browse.page
 
-    browse.login("vera", "pw-vera-123")
     page.goto(f"{browse.base_url}/p/agents/runs/")
     page.check(f"input[name=run][value='{good.pk}']")
     page.check(f"input[name=run][value='{worse.pk}']")
@@ -74,17 +85,10 @@ def test_pick_two_runs_open_compare_and_a_changed_cell(
 def test_more_executions_appends_the_next_page_and_its_pairs_open(
     browse: Any, django_user_model: Any, tmp_path: Path
 ) -> None:
-    from evaluations.selectors.compare import EXECUTION_PAIRS_PAGE
-
-    project = Project.objects.create(name="Agents", slug="agents")
-    viewer = django_user_model.objects.create_user(username="vera", password="pw-vera-123")
-    Membership.objects.create(project=project, user=viewer, role=Role.VIEWER)
-    many = SPEC.replace("replicas: 3", f"replicas: {EXECUTION_PAIRS_PAGE + 2}")
-    good = run_spec(project, many % "Order 1042 refunded today", spec_dir=tmp_path)
-    worse = run_spec(project, many % "Order 1042 declined today", spec_dir=tmp_path)
+    good, worse = two_runs_seen_by_a_viewer(
+        browse, django_user_model, tmp_path, replicas=EXECUTION_PAIRS_PAGE + 2
+    )
     page = browse.page
-
-    browse.login("vera", "pw-vera-123")
     page.goto(f"{browse.base_url}/p/agents/runs/{worse.pk}/compare/?against={good.pk}")
     pairs = page.locator("details.execution-pair")
     assert pairs.count() == EXECUTION_PAIRS_PAGE
