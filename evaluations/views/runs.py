@@ -301,9 +301,7 @@ def run_cell(request: HttpRequest, project_slug: str, run_id: int) -> HttpRespon
     """The executions of one invariant x scenario cell with their result for that invariant:
     a page, or the fragment the heatmap loads under itself."""
     access = project_for(request, project_slug)
-    run = selectors.run_in_project(access.project, run_id)
-    if run is None:
-        raise Http404("No such run in this project.")
+    run = _project_run(access, run_id)
     scenario = request.GET.get("scenario", "")
     invariant = request.GET.get("invariant", "")
     missing = [
@@ -339,12 +337,16 @@ def run_cell(request: HttpRequest, project_slug: str, run_id: int) -> HttpRespon
 # --- Actions ------------------------------------------------------------------------------
 
 
-def _run_for_action(request: HttpRequest, project_slug: str, run_id: int) -> Run:
-    access = project_for(request, project_slug, Role.EDITOR)
+def _project_run(access: ProjectAccess, run_id: int) -> Run:
+    """The run `run_id` of the project the request was let into; 404 for any other run."""
     run = selectors.run_in_project(access.project, run_id)
     if run is None:
         raise Http404("No such run in this project.")
     return run
+
+
+def _run_for_action(request: HttpRequest, project_slug: str, run_id: int) -> Run:
+    return _project_run(project_for(request, project_slug, Role.EDITOR), run_id)
 
 
 @login_required
@@ -381,9 +383,7 @@ def run_baseline(request: HttpRequest, project_slug: str, run_id: int) -> HttpRe
     """Freeze this completed run's results as its spec's active baseline (editors). htmx gets
     the page's baseline region back; a plain form post is redirected to the run page."""
     access = project_for(request, project_slug, Role.EDITOR)
-    run = selectors.run_in_project(access.project, run_id)
-    if run is None:
-        raise Http404("No such run in this project.")
+    run = _project_run(access, run_id)
     notice, error = "", ""
     baseline_scope = run.branch
     try:
@@ -451,9 +451,7 @@ def run_export(request: HttpRequest, project_slug: str, run_id: int, fmt: str) -
     access = project_for(request, project_slug)
     if fmt not in REPORT_FORMATS and fmt != "csv":
         raise Http404(f"Unknown export format {fmt!r}: json, junit, md or csv.")
-    run = selectors.run_in_project(access.project, run_id)
-    if run is None:
-        raise Http404("No such run in this project.")
+    run = _project_run(access, run_id)
     stem = f"{run.spec.slug}-run-{run.pk}"
     response: HttpResponse | StreamingHttpResponse
     if fmt == "csv":
@@ -493,9 +491,7 @@ def run_compare(request: HttpRequest, project_slug: str, run_id: int) -> HttpRes
     )
 
     access = project_for(request, project_slug)
-    after = selectors.run_in_project(access.project, run_id)
-    if after is None:
-        raise Http404("No such run in this project.")
+    after = _project_run(access, run_id)
     against = request.GET.get("against") or "baseline"
     try:
         cursor = pair_cursor(request.GET["cursor"]) if "cursor" in request.GET else None
@@ -549,9 +545,7 @@ def run_compare_pair(
     )
 
     access = project_for(request, project_slug)
-    after = selectors.run_in_project(access.project, run_id)
-    if after is None:
-        raise Http404("No such run in this project.")
+    after = _project_run(access, run_id)
     try:
         before = comparison_reference(after, request.GET.get("against") or "baseline")
     except ComparisonRefused as exc:
