@@ -126,7 +126,7 @@ class ExecutionPair:
 
     @property
     def output_changed(self) -> bool:
-        return self.before is None or self.before["final_output"] != self.after["final_output"]
+        return self._output(self.before) != self._output(self.after)
 
     @property
     def tools_changed(self) -> bool:
@@ -140,9 +140,7 @@ class ExecutionPair:
     @property
     def diff(self) -> list[tuple[str, str]]:
         """(equal | delete | insert, text), word by word."""
-        return word_diff(
-            self.before["final_output"] if self.before else "", self.after["final_output"]
-        )
+        return word_diff(self._output(self.before), self._output(self.after))
 
     @property
     def tools_before(self) -> list[str]:
@@ -151,6 +149,11 @@ class ExecutionPair:
     @property
     def tools_after(self) -> list[str]:
         return [_tool_line(call) for call in self._sequence(self.after)]
+
+    @staticmethod
+    def _output(row: dict[str, Any] | None) -> str:
+        """A missing cell's output reads as empty, as the diff shows it."""
+        return str((row or {}).get("final_output", ""))
 
     @staticmethod
     def _sequence(row: dict[str, Any] | None) -> list[Any]:

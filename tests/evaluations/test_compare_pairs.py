@@ -235,3 +235,17 @@ def test_an_opened_pair_loads_its_diff_for_members_only(
     outsider = django_user_model.objects.create_user(username="otto")
     client.force_login(outsider)
     assert client.get(url, {"against": before.pk}).status_code == 404
+
+
+def test_a_new_cell_counts_as_changed_output_only_when_it_said_something() -> None:
+    from evaluations.selectors.compare import ExecutionPair
+
+    def new_cell(output: str) -> ExecutionPair:
+        after = {"pk": 1, "passed": True, "final_output": output, "tool_sequence": []}
+        return ExecutionPair(
+            key="k", scenario="s", prompt_index=0, replica=0, before=None, after=after
+        )
+
+    silent, said = new_cell(""), new_cell("hello")
+    assert not silent.output_changed and silent.diff == [] and not silent.tools_changed
+    assert said.output_changed and said.diff == [("insert", "hello")]
