@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from checks.json_schema import FORMAT_LIBRARIES
 from evaluations.cli_commands import migrations_pending
 from tests.cli_helpers import REPO_ROOT, embedded_env, run_keystone
 
@@ -66,7 +67,8 @@ def test_django_setup_imports_neither_ninja_nor_pydantic(tmp_path: Path) -> None
 
 
 # Imported by neither `keystone validate` nor a local `keystone run`: Celery (no broker: the
-# queue runs the jobs itself) and the pages' selectors.
+# queue runs the jobs itself), the pages' selectors, and the libraries of jsonschema's format
+# checks when no schema check runs (checks/json_schema.py).
 NOT_AT_START_UP = (
     "celery",
     "kombu",
@@ -74,6 +76,7 @@ NOT_AT_START_UP = (
     "evaluations.selectors.digest",
     "evaluations.selectors.trends",
     "evaluations.services.digest",
+    *FORMAT_LIBRARIES,
 )
 
 NO_OP_SPEC = """\

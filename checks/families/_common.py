@@ -318,41 +318,17 @@ def get_service(context: CheckContext, name: str) -> ServiceHandle:
 def json_schema_validator(schema: dict[str, Any] | bool, what: str) -> Any:
     """A validator for a user's JSON Schema that also checks `format` (email, date-time,
     uri, ...; KindLM does), or ConfigError naming `what` when the schema itself is invalid."""
-    from jsonschema import exceptions, validators
+    from checks.json_schema import format_checker, jsonschema
 
-    validator_class = validators.validator_for(schema)
+    validator_class = jsonschema.validators.validator_for(schema)
+    formats = format_checker(validator_class)
     try:
-        validator_class.check_schema(schema)
-    except exceptions.SchemaError as exc:
+        # The metaschema's formats too (a `$ref` that is no URI reference), as a plain
+        # check_schema checks them.
+        validator_class.check_schema(schema, format_checker=formats)
+    except jsonschema.SchemaError as exc:
         raise ConfigError(f"{what} is invalid: {exc.message}") from exc
-    return validator_class(schema, format_checker=_format_checker(validator_class))
-
-
-# JSON Schema's "duration" format (drafts 2019-09 and 2020-12) is RFC 3339 Appendix A's
-# grammar. Checked here rather than by the isoduration package, whose import (arrow's with
-# it) cost every `keystone` command ~25 ms, since jsonschema imports every format library
-# it finds installed whether a schema uses it or not.
-_DURATION_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
-_DURATION_DATE = r"(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)"
-_DURATION = re.compile(
-    rf"P(?:{_DURATION_DATE}(?:{_DURATION_TIME})?|{_DURATION_TIME}|\d+W)", re.ASCII
-)
-
-
-def is_duration(instance: object) -> bool:
-    return not isinstance(instance, str) or _DURATION.fullmatch(instance) is not None
-
-
-@functools.cache
-def _format_checker(validator_class: Any) -> Any:
-    """The draft's format checker (the formats whose libraries are installed), with
-    "duration" checked by is_duration for the drafts that define it."""
-    from jsonschema import Draft201909Validator, Draft202012Validator, FormatChecker
-
-    checker = FormatChecker(validator_class.FORMAT_CHECKER.checkers)
-    if validator_class in (Draft201909Validator, Draft202012Validator):
-        checker.checks("duration")(is_duration)
-    return checker
+    return validator_class(schema, format_checker=formats)
 
 
 # --- similarity of two texts (similarity, behavior_unchanged, drift) -------------------------

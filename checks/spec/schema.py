@@ -11,8 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-from jsonschema.exceptions import ValidationError
+from checks.json_schema import jsonschema
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema" / "spec.schema.json"
 
@@ -140,7 +139,9 @@ def _literal(value: Any) -> str:
     return _short(str(value))
 
 
-def _translate(error: ValidationError, prefix: tuple[Any, ...] = ()) -> Iterator[Problem]:
+def _translate(
+    error: jsonschema.ValidationError, prefix: tuple[Any, ...] = ()
+) -> Iterator[Problem]:
     path = (*prefix, *error.absolute_path)
     keyword = error.validator
     expected = error.validator_value

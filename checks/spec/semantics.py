@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
+from checks.json_schema import format_checker, jsonschema
 from checks.spec.errors import format_path
 from checks.spec.schema import Problem, suggestion
 
@@ -251,8 +250,11 @@ def _check_rules(
 def _inline_schema(schema: Any, path: tuple[Any, ...]) -> Iterator[Problem]:
     if not isinstance(schema, dict):
         return
+    validator_class = jsonschema.Draft202012Validator
     try:
-        jsonschema.Draft202012Validator.check_schema(schema)
+        # With the metaschema's formats (a `$ref` that is no URI reference), as a plain
+        # check_schema checks them, and as the schema check will (checks/families/_common.py).
+        validator_class.check_schema(schema, format_checker=format_checker(validator_class))
     except jsonschema.SchemaError as exc:
         yield Problem(path, f"invalid JSON Schema: {exc.message}")
     except Exception as exc:  # a malformed schema can trip jsonschema itself

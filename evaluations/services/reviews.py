@@ -117,8 +117,7 @@ def _optional_float(value: Any) -> float | None:
 
 def project_review_policy_set(*, project: Project, policy: dict[str, Any]) -> Project:
     """Store a project's review policy, checked against the spec schema's `review` block."""
-    import jsonschema
-
+    from checks.json_schema import jsonschema
     from checks.spec.schema import spec_schema
 
     validator = jsonschema.Draft202012Validator(spec_schema()["$defs"]["review"])
