@@ -38,7 +38,7 @@ CHECKS = [
 ]
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
@@ -70,7 +70,8 @@ def main() -> None:
     print(
         f"{count} checks in {elapsed:.2f}s: {rate:,.0f} checks/s on one core (target {TARGET_PER_SECOND:,}) {verdict}"
     )
+    return 0 if rate >= TARGET_PER_SECOND else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

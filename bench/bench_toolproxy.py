@@ -3,6 +3,7 @@
 Run: python bench/bench_toolproxy.py [calls]   (from the project root)
 Both paths use a fresh http.client connection per call, as a typical agent HTTP client
 without pooling would; the difference of the medians is the proxy's cost per call.
+Target (issue 18): at most 3 ms; exit code 1 when it is over.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 
 from evaluations.runner.toolproxy import ToolProxy
 
+TARGET_MS = 3.0
 BODY = json.dumps({"order_id": 1042, "state": "paid", "items": ["lamp", "desk"]}).encode()
 
 
@@ -58,7 +60,7 @@ def timed_calls(url: str, calls: int) -> list[float]:
     return samples
 
 
-def main(calls: int = 500) -> None:
+def main(calls: int = 500) -> int:
     server = ThreadingHTTPServer(("127.0.0.1", 0), ToolHandler)
     server.daemon_threads = True
     threading.Thread(
@@ -76,8 +78,13 @@ def main(calls: int = 500) -> None:
     server.server_close()
     print(f"tool call, direct:        median {direct:.3f} ms over {calls} calls")
     print(f"tool call, through proxy: median {proxied:.3f} ms over {calls} calls")
-    print(f"proxy overhead per call:  median {proxied - direct:.3f} ms")
+    overhead = proxied - direct
+    verdict = "OK" if overhead <= TARGET_MS else "ABOVE TARGET"
+    print(
+        f"proxy overhead per call:  median {overhead:.3f} ms (target <= {TARGET_MS} ms) {verdict}"
+    )
+    return 0 if overhead <= TARGET_MS else 1
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 500)
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 500))
