@@ -2,8 +2,9 @@
 
 `import jsonschema` imports every format-checking library it finds installed (fqdn, idna,
 rfc3339-validator, rfc3986-validator, ...), whether or not anything will check a format:
-~40 ms of every `keystone` command and of every worker's start (`keystone validate` is
-~150 ms in all), while only schema checks and the check of a user's JSON Schema need them.
+20-40 ms of every `keystone` command and of every worker's start (a seventh of the
+instructions `keystone validate` executes), while only schema checks and the check of a
+user's JSON Schema need them.
 So jsonschema is first imported here with those libraries hidden (its own format module then
 registers only the formats that need none), and `format_checker` builds each draft's full
 checker on first use from a second, private load of jsonschema's format module made with the
