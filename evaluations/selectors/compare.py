@@ -268,19 +268,8 @@ def execution_pairs(
     more = len(ranked) > size
     ranked = ranked[:size]
     ids = [pk for pk, _ in ranked]
-    # The page's rows and their cells in `before`, in one query: a key of `before`'s rows
-    # matches only if that cell is on the page.
-    keys = Execution.objects.filter(pk__in=ids).values("key")
-    rows = list(
-        Execution.objects.filter(Q(pk__in=ids) | Q(run_id=before.pk, key__in=keys))
-        .order_by()
-        .values(*_PAIR_FIELDS)
-    )
-    on_page = set(ids)
-    compared = {row["pk"]: row for row in rows if row["pk"] in on_page}
-    page = [compared[pk] for pk in ids]
-    old = {row["key"]: row for row in rows if row["pk"] not in compared}
-    pairs = [_pair(row, old.get(row["key"])) for row in page]
+    by_id = {pair.after["pk"]: pair for pair in _pairs(before, Q(pk__in=ids))}
+    pairs = [by_id[pk] for pk in ids]
     next_cursor = None
     if more:
         last_id, last_rank = ranked[-1]
@@ -291,19 +280,21 @@ def execution_pairs(
 def execution_pair(before: Run, after: Run, execution_id: int) -> ExecutionPair | None:
     """The execution `execution_id` of `after` beside the same cell of `before` (None when
     `after` has no such execution): one query."""
-    cell = Execution.objects.filter(pk=execution_id, run_id=after.pk).values("key")
+    found = _pairs(before, Q(pk=execution_id, run_id=after.pk))
+    return found[0] if found else None
+
+
+def _pairs(before: Run, compared: Q) -> list[ExecutionPair]:
+    """The executions `compared` selects (none of `before`'s), each beside its cell in
+    `before`, in one query: a key of `before`'s rows matches only a selected cell's."""
+    keys = Execution.objects.filter(compared).values("key")
     rows = list(
-        Execution.objects.filter(
-            Q(pk=execution_id, run_id=after.pk) | Q(run_id=before.pk, key__in=cell)
-        )
+        Execution.objects.filter(compared | Q(run_id=before.pk, key__in=keys))
         .order_by()
         .values(*_PAIR_FIELDS, "run_id")
     )
-    compared = next((row for row in rows if row["run_id"] == after.pk), None)
-    if compared is None:
-        return None
-    reference = next((row for row in rows if row["run_id"] == before.pk), None)
-    return _pair(compared, reference)
+    old = {row["key"]: row for row in rows if row["run_id"] == before.pk}
+    return [_pair(row, old.get(row["key"])) for row in rows if row["run_id"] != before.pk]
 
 
 def _pair(row: dict[str, Any], reference: dict[str, Any] | None) -> ExecutionPair:
