@@ -57,7 +57,7 @@ _import_without_format_libraries()
 
 import jsonschema  # noqa: E402  (loaded above; this binds the name for importers)
 
-__all__ = ["format_checker", "is_duration", "jsonschema"]
+__all__ = ["format_checker", "jsonschema"]
 
 
 @functools.cache
@@ -82,7 +82,7 @@ _DURATION = re.compile(
 )
 
 
-def is_duration(instance: object) -> bool:
+def _is_duration(instance: object) -> bool:
     return not isinstance(instance, str) or _DURATION.fullmatch(instance) is not None
 
 
@@ -105,5 +105,5 @@ def format_checker(validator_class: Any) -> jsonschema.FormatChecker:
     checker = jsonschema.FormatChecker(())
     checker.checkers = dict(source.checkers)  # format -> (function, exceptions it raises)
     if validator_class in (jsonschema.Draft201909Validator, jsonschema.Draft202012Validator):
-        checker.checks("duration")(is_duration)
+        checker.checks("duration")(_is_duration)
     return checker
