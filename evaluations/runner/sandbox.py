@@ -157,7 +157,9 @@ class Sandbox(ABC):
 
     @abstractmethod
     def stop_all(self) -> None:
-        """Kill everything this sandbox started that is still running (run cancellation)."""
+        """Kill everything this sandbox started that is still running, and from now on
+        whatever it starts, at once (run cancellation: an execution may be about to start
+        its agent when its run is cancelled)."""
 
     def workspace_path(self, workspace: Path) -> str:
         """Where the workspace appears to the command."""
@@ -444,9 +446,11 @@ class _ProcessSandbox(Sandbox):
     def __init__(self) -> None:
         self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
+        self._stopped = False
 
     def stop_all(self) -> None:
         with self._lock:
+            self._stopped = True
             pids = list(self._running)
         for pid in pids:
             _kill_group(pid)
@@ -519,8 +523,11 @@ class _ProcessSandbox(Sandbox):
             return ProcessResult(
                 None, "", "", False, 0.0, None, error=f"could not start {argv[0]}: {exc}"
             )
-        with self._lock:
+        with self._lock:  # either stop_all finds this process, or it sees _stopped
             self._running[process.pid] = process
+            stopped = self._stopped
+        if stopped:
+            _kill_group(process.pid)
         try:
             with DiskWatch(workspace, request.disk_mb, lambda: _kill_unreaped(process.pid)) as disk:
                 result = self._communicate(
@@ -972,6 +979,7 @@ class DockerSandbox(Sandbox):
         self.client = docker.from_env()
         self._containers: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._stopped = False
 
     def workspace_path(self, workspace: Path) -> str:
         return _CONTAINER_WORKSPACE
@@ -984,6 +992,7 @@ class DockerSandbox(Sandbox):
 
     def stop_all(self) -> None:
         with self._lock:
+            self._stopped = True
             containers = list(self._containers.values())
         for container in containers:
             # Already gone means nothing is left to stop.
@@ -1059,8 +1068,11 @@ class DockerSandbox(Sandbox):
                 labels={"keystone.sandbox": "docker"},
                 detach=True,
             )
-            with self._lock:
+            with self._lock:  # either stop_all finds this container, or it sees _stopped
                 self._containers[container.id] = container
+                stopped = self._stopped
+            if stopped:
+                raise docker.errors.DockerException("the run was cancelled: nothing is started")
             container.start()
             if relay is not None and relay.ports:
                 container.reload()

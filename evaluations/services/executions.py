@@ -321,6 +321,10 @@ class _Leases:
         self._held: list[_Lease] = []
         self._thread: threading.Thread | None = None
         self._next_round = math.inf  # when the thread wakes next (time.monotonic())
+        # Set by renew_now: this process is cancelling, so a lease held from then on is
+        # renewed at once too. (An execution claimed just before the cancel holds its lease
+        # only after the round renew_now asked for; its agent would run until the next one.)
+        self._renew_at_once = False
 
     @staticmethod
     def _interval() -> float:
@@ -329,6 +333,8 @@ class _Leases:
     def hold(self, execution_id: int, worker: str, sandbox: Any) -> _Lease:
         lease = _Lease(execution_id, worker, sandbox, time.monotonic() + self._interval())
         with self._lock:
+            if self._renew_at_once:
+                lease.due = time.monotonic()
             self._held.append(lease)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
@@ -343,9 +349,11 @@ class _Leases:
             self._held.remove(lease)
 
     def renew_now(self) -> None:
-        """Renew every lease now, which stops the sandboxes of a run cancelled meanwhile,
-        instead of at their next round (up to a third of a lease away)."""
+        """Renew every lease now, and every lease held from now on as soon as it is held,
+        which stops the sandboxes of a run cancelled meanwhile instead of at their next
+        round (up to a third of a lease away)."""
         with self._lock:
+            self._renew_at_once = True
             for lease in self._held:
                 lease.due = time.monotonic()
             self._wake.notify()

@@ -62,3 +62,47 @@ def test_running_executions_have_their_leases_renewed_by_one_thread(
     assert all(e.status == ExecutionStatus.SUCCESS and e.lease_expires is None for e in done)
     lease_threads = [t for t in threading.enumerate() if t.name == "leases"]
     assert len(lease_threads) == 1
+
+
+def test_an_agent_that_starts_after_the_cancelling_round_is_stopped_at_once(
+    settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C in `keystone run` cancels the run and asks for a lease round at once, but an
+    execution claimed just before holds no lease yet: its agent starts after that round. It
+    must still be stopped at once, not at the next round (a third of a lease: 20 s by
+    default), which left `keystone run` waiting after Ctrl-C (seen in CI under load)."""
+    from evaluations.runner import harness
+
+    settings.KEYSTONE_EXECUTION_LEASE_SECONDS = 60  # the next round would be 20 s away
+    project = Project.objects.create(name="late", slug="late")
+    run, ids = planned_run(
+        project,
+        SPEC.replace("sleep 3.5", "sleep 60").replace('"a", "b"', '"a"'),
+        spec_dir=str(tmp_path),
+    )
+    real_choose_sandbox = harness.choose_sandbox
+
+    def ctrl_c_between_claim_and_lease(*args: Any, **kwargs: Any) -> Any:
+        # What `keystone run`'s main thread does on Ctrl-C, while this execution is claimed
+        # but holds no lease yet.
+        services.run_cancel(run_id=run.pk)
+        services.execution_leases_renew_now()
+        time.sleep(0.3)  # the round it asked for has run, with no lease of this execution
+        return real_choose_sandbox(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "choose_sandbox", ctrl_c_between_claim_and_lease)
+    started = time.monotonic()
+    finished = threading.Event()
+
+    def execute() -> None:
+        try:
+            services.execution_execute(execution_id=ids[0], worker="late:1")
+        finally:
+            connection.close()
+            finished.set()
+
+    threading.Thread(target=execute, daemon=True).start()
+    assert finished.wait(timeout=10), "the agent ran on after its run was cancelled"
+    assert time.monotonic() - started < 10
+    execution = Execution.objects.get(pk=ids[0])
+    assert execution.status == ExecutionStatus.ERROR and execution.error == "cancelled"

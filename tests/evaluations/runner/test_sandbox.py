@@ -219,6 +219,20 @@ def test_stop_all_kills_running_commands(process_sandbox: Sandbox, workspace: Pa
     assert _processes_with(marker) == []
 
 
+def test_a_command_started_after_stop_all_is_killed_at_once(
+    process_sandbox: Sandbox, workspace: Path
+) -> None:
+    """A run cancelled while its execution was about to start the agent: stop_all came
+    first, and the agent must not run on until its timeout."""
+    seconds, marker = _unique_sleep()
+    process_sandbox.stop_all()
+    started = time.monotonic()
+    result = process_sandbox.run(f"sleep {seconds}", workspace=workspace, env={}, timeout=30)
+    assert time.monotonic() - started < 10
+    assert result.exit_code != 0 and not result.timed_out
+    assert _processes_with(marker) == []
+
+
 def test_command_runner_runs_checks_in_the_same_sandbox(
     process_sandbox: Sandbox, workspace: Path
 ) -> None:
@@ -625,6 +639,17 @@ class _Hello(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+def test_docker_starts_no_container_after_stop_all(
+    docker_sandbox: DockerSandbox, workspace: Path
+) -> None:
+    docker_sandbox.stop_all()
+    started = time.monotonic()
+    result = docker_sandbox.run("sleep 1000", workspace=workspace, env={}, timeout=30)
+    assert time.monotonic() - started < 20
+    assert result.exit_code is None and "cancelled" in (result.error or ""), result
+    assert _keystone_containers() == []
 
 
 def test_docker_stop_all_kills_running_containers(
