@@ -6,6 +6,9 @@ touch Django; the harness turns an `AgentResult` into the execution's RunArtifac
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.client
 import json
 import re
 import shlex
@@ -84,6 +87,7 @@ def invoke_agent(
         return _invoke_http(
             agent_config,
             prompt=prompt,
+            sandbox=sandbox,
             timeout=limit,
             max_output_bytes=max_output_bytes,
             keystone_env=endpoint_env(env),
@@ -421,6 +425,7 @@ def _invoke_http(
     agent_config: dict[str, Any],
     *,
     prompt: str,
+    sandbox: Sandbox,
     timeout: float,
     max_output_bytes: int,
     keystone_env: dict[str, str] | None = None,
@@ -440,11 +445,19 @@ def _invoke_http(
     def elapsed() -> float:
         return (time.perf_counter() - started) * 1000
 
-    request = urllib.request.Request(str(endpoint), data=body, headers=headers, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status_code = response.status
-            raw = response.read(max_output_bytes + 1)
+        with contextlib.ExitStack() as stops:
+            request = _AgentRequest(
+                str(endpoint),
+                data=body,
+                headers=headers,
+                method=method,
+                sandbox=sandbox,
+                stops=stops,
+            )
+            with _AGENT_OPENER.open(request, timeout=timeout) as response:
+                status_code = response.status
+                raw = response.read(max_output_bytes + 1)
     except urllib.error.HTTPError as exc:
         detail = exc.read(2000).decode("utf-8", errors="replace")
         return AgentResult(
@@ -479,7 +492,7 @@ def _invoke_http(
             duration_ms=elapsed(),
             error=f"agent endpoint unreachable: {exc.reason}",
         )
-    except (OSError, ValueError) as exc:  # connection reset, malformed URL, ...
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # reset, bad URL, stopped
         return AgentResult(
             "", "failed", None, duration_ms=elapsed(), error=f"agent endpoint unreachable: {exc}"
         )
@@ -498,6 +511,75 @@ def _invoke_http(
             return result
         result.final_output = value if isinstance(value, str) else json.dumps(value)
     return result
+
+
+class _AgentRequest(urllib.request.Request):
+    """A request to an HTTP agent whose connection the sandbox's stop_all shuts (its run was
+    cancelled), so that the call ends at once instead of at the agent's timeout."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        data: bytes | None,
+        headers: dict[str, str],
+        method: str,
+        sandbox: Sandbox,
+        stops: contextlib.ExitStack,
+    ) -> None:
+        super().__init__(url, data=data, headers=headers, method=method)
+        self._sandbox = sandbox
+        self._stops = stops
+
+    def connected(self, sock: socket.socket) -> None:
+        self._stops.enter_context(self._sandbox.stoppable(functools.partial(_shut_down, sock)))
+
+
+def _shut_down(sock: socket.socket) -> None:
+    """Ends the call blocked on `sock` in another thread: its read returns at once."""
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _StoppableConnection(http.client.HTTPConnection):
+    def __init__(self, *args: Any, request: urllib.request.Request, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._request = request
+
+    def connect(self) -> None:
+        super().connect()
+        # A redirect's request is urllib's own: that hop ends at the timeout only.
+        if isinstance(self._request, _AgentRequest) and self.sock is not None:
+            self._request.connected(self.sock)
+
+
+class _StoppableHTTPSConnection(_StoppableConnection, http.client.HTTPSConnection):
+    pass
+
+
+_STOPPABLE = {
+    http.client.HTTPConnection: _StoppableConnection,
+    http.client.HTTPSConnection: _StoppableHTTPSConnection,
+}
+
+
+class _StoppableOpen:
+    def do_open(self, http_class: Any, req: Any, **http_conn_args: Any) -> Any:
+        connection = functools.partial(_STOPPABLE[http_class], request=req)
+        return super().do_open(connection, req, **http_conn_args)  # type: ignore[misc]
+
+
+class _StoppableHTTPHandler(_StoppableOpen, urllib.request.HTTPHandler):
+    pass
+
+
+class _StoppableHTTPSHandler(_StoppableOpen, urllib.request.HTTPSHandler):
+    pass
+
+
+# urlopen's handlers (proxies from the environment, redirects, errors) with the two above
+# in place of urllib's HTTP and HTTPS handlers.
+_AGENT_OPENER = urllib.request.build_opener(_StoppableHTTPHandler, _StoppableHTTPSHandler)
 
 
 def render_request(template: Any, prompt: str) -> bytes | None:

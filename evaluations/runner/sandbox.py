@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,12 @@ class _RunRequest:
 class Sandbox(ABC):
     name: str = ""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopped = False
+        # How to stop each thing this sandbox started that still runs (see `stoppable`).
+        self._stops: list[Callable[[], object]] = []
+
     def run(
         self,
         command: str,
@@ -155,11 +161,31 @@ class Sandbox(ABC):
     def _run(self, request: _RunRequest) -> ProcessResult:
         """Start the command the backend's way, wait for it within its limits, report it."""
 
-    @abstractmethod
     def stop_all(self) -> None:
-        """Kill everything this sandbox started that is still running, and from now on
-        whatever it starts, at once (run cancellation: an execution may be about to start
-        its agent when its run is cancelled)."""
+        """Stop everything this sandbox started that still runs, and from now on whatever it
+        starts, at once (run cancellation: an execution may be about to start its agent
+        when its run is cancelled)."""
+        with self._lock:
+            self._stopped = True
+            stops = list(self._stops)
+        for stop in stops:
+            stop()
+
+    @contextlib.contextmanager
+    def stoppable(self, stop: Callable[[], object]) -> Iterator[None]:
+        """While the block runs, stop_all calls `stop`: for what this sandbox has just
+        started (a process group, a container, an HTTP agent's connection). When stop_all
+        came first, `stop` is called at once."""
+        with self._lock:  # either stop_all finds `stop`, or this sees _stopped
+            self._stops.append(stop)
+            stopped = self._stopped
+        try:
+            if stopped:
+                stop()
+            yield
+        finally:
+            with self._lock:
+                self._stops.remove(stop)
 
     def workspace_path(self, workspace: Path) -> str:
         """Where the workspace appears to the command."""
@@ -443,18 +469,6 @@ def _kill_group(pgid: int) -> None:
 class _ProcessSandbox(Sandbox):
     """Runs an argv on this machine in a new session; shared by `local` and `bwrap`."""
 
-    def __init__(self) -> None:
-        self._running: dict[int, subprocess.Popen[bytes]] = {}
-        self._lock = threading.Lock()
-        self._stopped = False
-
-    def stop_all(self) -> None:
-        with self._lock:
-            self._stopped = True
-            pids = list(self._running)
-        for pid in pids:
-            _kill_group(pid)
-
     @abstractmethod
     def argv(
         self,
@@ -523,13 +537,11 @@ class _ProcessSandbox(Sandbox):
             return ProcessResult(
                 None, "", "", False, 0.0, None, error=f"could not start {argv[0]}: {exc}"
             )
-        with self._lock:  # either stop_all finds this process, or it sees _stopped
-            self._running[process.pid] = process
-            stopped = self._stopped
-        if stopped:
-            _kill_group(process.pid)
         try:
-            with DiskWatch(workspace, request.disk_mb, lambda: _kill_unreaped(process.pid)) as disk:
+            with (
+                self.stoppable(lambda: _kill_unreaped(process.pid)),
+                DiskWatch(workspace, request.disk_mb, lambda: _kill_unreaped(process.pid)) as disk,
+            ):
                 result = self._communicate(
                     process, request.stdin, started, request.timeout, request.max_output_bytes
                 )
@@ -541,8 +553,6 @@ class _ProcessSandbox(Sandbox):
                 )
             return result
         finally:
-            with self._lock:
-                self._running.pop(process.pid, None)
             for stream in (process.stdin, process.stdout, process.stderr):
                 if stream is not None:
                     stream.close()
@@ -976,10 +986,8 @@ class DockerSandbox(Sandbox):
 
         self.image = image
         self.python = python
+        super().__init__()
         self.client = docker.from_env()
-        self._containers: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._stopped = False
 
     def workspace_path(self, workspace: Path) -> str:
         return _CONTAINER_WORKSPACE
@@ -989,15 +997,6 @@ class DockerSandbox(Sandbox):
 
     def default_path(self) -> str:
         return "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-    def stop_all(self) -> None:
-        with self._lock:
-            self._stopped = True
-            containers = list(self._containers.values())
-        for container in containers:
-            # Already gone means nothing is left to stop.
-            with contextlib.suppress(Exception):
-                container.kill()
 
     def _run(self, request: _RunRequest) -> ProcessResult:
         import docker.errors
@@ -1068,41 +1067,35 @@ class DockerSandbox(Sandbox):
                 labels={"keystone.sandbox": "docker"},
                 detach=True,
             )
-            with self._lock:  # either stop_all finds this container, or it sees _stopped
-                self._containers[container.id] = container
-                stopped = self._stopped
-            if stopped:
-                raise docker.errors.DockerException("the run was cancelled: nothing is started")
             container.start()
-            if relay is not None and relay.ports:
-                container.reload()
-                try:
-                    relay.listen_in_namespace(int(container.attrs["State"]["Pid"]))
-                except OSError as exc:
-                    container.kill()
-                    raise docker.errors.DockerException(
-                        "network: services needs the worker to enter the container's network "
-                        f"namespace (run it as root, or use bwrap): {exc}"
-                    ) from exc
-                safe_files.write_text(workspace, ready_name, "")
-            remaining = max(0.1, started + request.timeout - time.perf_counter())
-            # The workspace is a bind mount: `--storage-opt size=` bounds only the image's
-            # writable layer (read-only here), so the workspace is watched as for bwrap.
-            with DiskWatch(workspace, request.disk_mb, container.kill) as disk:
-                try:
-                    exit_code = int(container.wait(timeout=remaining)["StatusCode"])
-                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                    timed_out = True
-                    container.kill()
-                    exit_code = int(container.wait(timeout=30)["StatusCode"])
-            limit_exceeded = disk.message
+            with self.stoppable(functools.partial(_kill_container, container)):
+                if relay is not None and relay.ports:
+                    container.reload()
+                    try:
+                        relay.listen_in_namespace(int(container.attrs["State"]["Pid"]))
+                    except OSError as exc:
+                        container.kill()
+                        raise docker.errors.DockerException(
+                            "network: services needs the worker to enter the container's network "
+                            f"namespace (run it as root, or use bwrap): {exc}"
+                        ) from exc
+                    safe_files.write_text(workspace, ready_name, "")
+                remaining = max(0.1, started + request.timeout - time.perf_counter())
+                # The workspace is a bind mount: `--storage-opt size=` bounds only the image's
+                # writable layer (read-only here), so the workspace is watched as for bwrap.
+                with DiskWatch(workspace, request.disk_mb, container.kill) as disk:
+                    try:
+                        exit_code = int(container.wait(timeout=remaining)["StatusCode"])
+                    except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                        timed_out = True
+                        container.kill()
+                        exit_code = int(container.wait(timeout=30)["StatusCode"])
+                limit_exceeded = disk.message
         except docker.errors.DockerException as exc:
             error = f"docker: {exc}"
         finally:
             pump.finish()  # the container is gone: read what is left in the pipes
             if container is not None:
-                with self._lock:
-                    self._containers.pop(container.id, None)
                 with contextlib.suppress(docker.errors.DockerException):
                     container.remove(force=True)
             if relay is not None:
@@ -1122,6 +1115,15 @@ class DockerSandbox(Sandbox):
             limit_exceeded=limit_exceeded,
             refused_connections=list(relay.refused) if relay is not None else [],
         )
+
+
+def _kill_container(container: Any) -> None:
+    import docker.errors
+    import requests.exceptions
+
+    # Already gone means nothing is left to stop.
+    with contextlib.suppress(docker.errors.DockerException, requests.exceptions.RequestException):
+        container.kill()
 
 
 def _container_user(workspace: Path) -> str:

@@ -13,7 +13,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -105,12 +107,17 @@ def test_the_embedded_workers_pollers_share_a_run_each_execution_once(project: o
     assert CheckResult.objects.filter(run=run).count() == 6
 
 
-def _two_agents_running(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
-    """`keystone run --jobs 2` of agents that sleep 120 s, once two executions are inside
-    their agent; and the run's SQLite database."""
+SLOW_AGENT = SPEC.replace("sleep 0.4", "sleep 120").replace("timeout: 30", "timeout: 300")
+
+
+def _two_agents_running(
+    tmp_path: Path, source: str = SLOW_AGENT
+) -> tuple[subprocess.Popen[str], Path]:
+    """`keystone run --jobs 2` of `source` (by default, agents that sleep 120 s), once two
+    executions are running; and the run's SQLite database."""
     home = tmp_path / "home"
     spec = tmp_path / "slow.yaml"
-    spec.write_text(SPEC.replace("sleep 0.4", "sleep 120").replace("timeout: 30", "timeout: 300"))
+    spec.write_text(source)
     process = subprocess.Popen(
         [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--jobs", "2"],
         cwd=REPO_ROOT,
@@ -133,11 +140,41 @@ def _two_agents_running(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     return process, database
 
 
+@pytest.fixture
+def hanging_http_agent() -> Iterator[str]:
+    """The endpoint of an HTTP agent that answers after 120 s."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            time.sleep(120)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/invoke"
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.mark.embedded
-def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(tmp_path: Path) -> None:
+@pytest.mark.parametrize("agent", ["command", "http"])
+def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(
+    tmp_path: Path, agent: str, request: pytest.FixtureRequest
+) -> None:
     import signal
 
-    process, database = _two_agents_running(tmp_path)
+    source = SLOW_AGENT
+    if agent == "http":
+        endpoint = request.getfixturevalue("hanging_http_agent")
+        source = SPEC.replace(
+            'agent: {type: command, command: "sleep 0.4; echo done", timeout: 30}',
+            f'agent: {{type: http, endpoint: "{endpoint}", timeout: 300}}',
+        )
+        assert source != SPEC
+    process, database = _two_agents_running(tmp_path, source)
     process.send_signal(signal.SIGINT)
     # Far less than the agents' 120 s, and than the next lease round (20 s) of either
     # process: the interrupt stops their agents at once.

@@ -513,6 +513,39 @@ def test_http_agent_slow_answer_times_out(agent_server: _AgentServer, workspace:
     assert time.monotonic() - started < 2.5
 
 
+def test_stop_all_ends_a_waiting_http_agent_call_at_once(
+    agent_server: _AgentServer, workspace: Path
+) -> None:
+    """Its run was cancelled: the call ends now, not at the agent's timeout; and a call
+    made after stop_all ends at once too."""
+    agent_server.delay = 8
+    sandbox = LocalSandbox()
+    results: list[AgentResult] = []
+    call = threading.Thread(
+        target=lambda: results.append(
+            _invoke(
+                {"type": "http", "endpoint": agent_server.url, "timeout": 60}, sandbox, workspace
+            )
+        )
+    )
+    call.start()
+    deadline = time.monotonic() + 5
+    while not agent_server.requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert agent_server.requests, "the agent was never called"
+    started = time.monotonic()
+    sandbox.stop_all()
+    call.join(timeout=5)
+    assert not call.is_alive(), "the call went on after stop_all"
+    assert time.monotonic() - started < 5
+    assert results[0].status == "failed" and results[0].final_output == ""
+    started = time.monotonic()
+    late = _invoke(
+        {"type": "http", "endpoint": agent_server.url, "timeout": 60}, sandbox, workspace
+    )
+    assert late.status == "failed" and time.monotonic() - started < 5
+
+
 def test_http_agent_missing_response_path_is_failed(
     agent_server: _AgentServer, workspace: Path
 ) -> None:

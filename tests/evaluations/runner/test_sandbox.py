@@ -641,14 +641,16 @@ class _Hello(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_docker_starts_no_container_after_stop_all(
+def test_docker_kills_a_container_started_after_stop_all_at_once(
     docker_sandbox: DockerSandbox, workspace: Path
 ) -> None:
     docker_sandbox.stop_all()
     started = time.monotonic()
-    result = docker_sandbox.run("sleep 1000", workspace=workspace, env={}, timeout=30)
-    assert time.monotonic() - started < 20
-    assert result.exit_code is None and "cancelled" in (result.error or ""), result
+    result = docker_sandbox.run(
+        "sleep 1000", workspace=workspace, env={}, timeout=60, network="none"
+    )
+    assert time.monotonic() - started < 30
+    assert result.exit_code != 0 and not result.timed_out, result
     assert _keystone_containers() == []
 
 
