@@ -238,7 +238,12 @@ def run_execution(
             # (or a command_exit in a container that never started) would blame the agent.
             # Scoring counts the execution as an error, with its reason.
             never_ran = artifact.status == "error"
-            results = [] if never_ran else evaluate(artifact, invariants, context, scenario)
+            # A cancelled run keeps no results of its executions, and its checks (a judge's
+            # calls, up to their timeout) would only keep the cancel waiting.
+            cancelled = sandbox.stopped
+            results = (
+                [] if never_ran or cancelled else evaluate(artifact, invariants, context, scenario)
+            )
             warnings.extend(_provider_warnings(results))
             secret_values = [
                 config.secrets[name]

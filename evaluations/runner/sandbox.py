@@ -171,6 +171,11 @@ class Sandbox(ABC):
         for stop in stops:
             stop()
 
+    @property
+    def stopped(self) -> bool:
+        """stop_all was called: the execution's run was cancelled."""
+        return self._stopped
+
     @contextlib.contextmanager
     def stoppable(self, stop: Callable[[], object]) -> Iterator[None]:
         """While the block runs, stop_all calls `stop`: for what this sandbox has just

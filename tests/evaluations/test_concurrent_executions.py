@@ -141,8 +141,8 @@ def _two_agents_running(
 
 
 @pytest.fixture
-def hanging_http_agent() -> Iterator[str]:
-    """The endpoint of an HTTP agent that answers after 120 s."""
+def hanging_http_server() -> Iterator[str]:
+    """The URL of a server that answers any POST after 120 s (an agent, a judge)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -159,8 +159,19 @@ def hanging_http_agent() -> Iterator[str]:
     server.server_close()
 
 
+JUDGED = """
+judge:
+  provider: openai
+  model: gpt-4o-mini
+  base_url: "{endpoint}"
+invariants:
+  answers: {{description: answers, check: {{type: contains, value: done}}}}
+  tone: {{description: friendly, check: {{type: llm_as_judge, criteria: "It is friendly."}}}}
+"""
+
+
 @pytest.mark.embedded
-@pytest.mark.parametrize("agent", ["command", "http"])
+@pytest.mark.parametrize("agent", ["command", "http", "command with a judge"])
 def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(
     tmp_path: Path, agent: str, request: pytest.FixtureRequest
 ) -> None:
@@ -168,12 +179,16 @@ def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(
 
     source = SLOW_AGENT
     if agent == "http":
-        endpoint = request.getfixturevalue("hanging_http_agent")
+        endpoint = request.getfixturevalue("hanging_http_server")
         source = SPEC.replace(
             'agent: {type: command, command: "sleep 0.4; echo done", timeout: 30}',
             f'agent: {{type: http, endpoint: "{endpoint}", timeout: 300}}',
         )
         assert source != SPEC
+    if agent == "command with a judge":  # a judge that never answers (the same hanging server)
+        endpoint = request.getfixturevalue("hanging_http_server").removesuffix("/invoke")
+        head, _ = SLOW_AGENT.split("invariants:")
+        source = head.rstrip("\n") + JUDGED.format(endpoint=f"{endpoint}/v1")
     process, database = _two_agents_running(tmp_path, source)
     process.send_signal(signal.SIGINT)
     # Far less than the agents' 120 s, and than the next lease round (20 s) of either
