@@ -16,7 +16,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +138,7 @@ def reset_agent(
     when the reset worked or there is nothing to reset (command agents start fresh anyway)."""
     kind = agent_config.get("type")
     if kind == "http" and agent_config.get("reset_endpoint"):
-        return _reset_http(agent_config, timeout=timeout)
+        return _reset_http(agent_config, sandbox=sandbox, timeout=timeout)
     if kind == "python" and agent_config.get("reset_function"):
         invocation = _SandboxInvocation(
             sandbox=sandbox,
@@ -446,18 +446,16 @@ def _invoke_http(
         return (time.perf_counter() - started) * 1000
 
     try:
-        with contextlib.ExitStack() as stops:
-            request = _AgentRequest(
-                str(endpoint),
-                data=body,
-                headers=headers,
-                method=method,
-                sandbox=sandbox,
-                stops=stops,
-            )
-            with _AGENT_OPENER.open(request, timeout=timeout) as response:
-                status_code = response.status
-                raw = response.read(max_output_bytes + 1)
+        with _agent_response(
+            str(endpoint),
+            data=body,
+            headers=headers,
+            method=method,
+            sandbox=sandbox,
+            timeout=timeout,
+        ) as response:
+            status_code = response.status
+            raw = response.read(max_output_bytes + 1)
     except urllib.error.HTTPError as exc:
         detail = exc.read(2000).decode("utf-8", errors="replace")
         return AgentResult(
@@ -511,6 +509,26 @@ def _invoke_http(
             return result
         result.final_output = value if isinstance(value, str) else json.dumps(value)
     return result
+
+
+@contextlib.contextmanager
+def _agent_response(
+    url: str,
+    *,
+    data: bytes | None,
+    headers: dict[str, str],
+    method: str,
+    sandbox: Sandbox,
+    timeout: float,
+) -> Iterator[Any]:
+    """urlopen for the agent's own endpoints: `sandbox.stop_all()` (its run was cancelled)
+    ends the call at once instead of at its timeout."""
+    with contextlib.ExitStack() as stops:
+        request = _AgentRequest(
+            url, data=data, headers=headers, method=method, sandbox=sandbox, stops=stops
+        )
+        with _AGENT_OPENER.open(request, timeout=timeout) as response:
+            yield response
 
 
 class _AgentRequest(urllib.request.Request):
@@ -630,16 +648,20 @@ def extract_path(document: Any, path: str) -> Any:
     return value
 
 
-def _reset_http(agent_config: dict[str, Any], *, timeout: float) -> str | None:
+def _reset_http(agent_config: dict[str, Any], *, sandbox: Sandbox, timeout: float) -> str | None:
     headers = {str(k): str(v) for k, v in (agent_config.get("headers") or {}).items()}
-    request = urllib.request.Request(
-        str(agent_config["reset_endpoint"]), data=b"", headers=headers, method="POST"
-    )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _agent_response(
+            str(agent_config["reset_endpoint"]),
+            data=b"",
+            headers=headers,
+            method="POST",
+            sandbox=sandbox,
+            timeout=timeout,
+        ) as response:
             response.read(1024)
     except urllib.error.HTTPError as exc:
         return f"reset_endpoint answered HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         return f"reset_endpoint unreachable: {exc}"
     return None

@@ -585,6 +585,28 @@ def test_http_reset_endpoint_is_posted_before_an_execution(
     assert error is not None and "HTTP 500" in error
 
 
+def test_stop_all_ends_a_waiting_http_reset_at_once(
+    agent_server: _AgentServer, workspace: Path
+) -> None:
+    agent_server.delay = 8
+    sandbox = LocalSandbox()
+    config = {"type": "http", "endpoint": agent_server.url, "reset_endpoint": agent_server.url}
+    errors: list[str | None] = []
+    call = threading.Thread(
+        target=lambda: errors.append(
+            reset_agent(config, sandbox=sandbox, workspace=workspace, env={}, spec_dir=workspace)
+        )
+    )
+    call.start()
+    deadline = time.monotonic() + 5
+    while not agent_server.requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sandbox.stop_all()
+    call.join(timeout=5)
+    assert not call.is_alive(), "the reset went on after stop_all"
+    assert errors[0] is not None and "unreachable" in errors[0]
+
+
 def test_has_reset_tells_which_agents_can_share_state() -> None:
     assert not has_reset({"type": "http", "endpoint": "http://x"})
     assert has_reset({"type": "http", "endpoint": "http://x", "reset_endpoint": "http://x/reset"})
