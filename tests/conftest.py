@@ -17,6 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
+
+# Time per example is not what any property test here is about, and CI shares two cores: on
+# a loaded machine Hypothesis's default deadline (200 ms an example) and its too-slow health
+# check failed property tests that pass.
+hypothesis_settings.register_profile(
+    "keystone", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+hypothesis_settings.load_profile("keystone")
 
 # The tests are this server's operator: many of their specs run the agent as a plain local
 # process, which the default policy refuses where bubblewrap works (evaluations/policy.py).
