@@ -385,6 +385,13 @@ def _cell(
                     passes.append(False)
                     errored = True
                 continue
+            if record.status in ("error", "provider_error"):
+                # The execution could not run (its model failed it, Keystone broke): what a
+                # check read off what it left is no verdict, and never a pass in a cell,
+                # whatever that check said (SPEC_FORMAT: never counted as a pass).
+                passes.append(False)
+                errored = True
+                continue
             passes.append(result.passed)
             errored = errored or result.is_error
             if result.passed and result.gate and result.score < 1.0:

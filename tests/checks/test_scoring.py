@@ -457,6 +457,30 @@ def test_execution_that_died_before_checks_fails_every_cell_as_error() -> None:
     assert cell.status == "error" and not cell.passed
 
 
+def test_provider_error_execution_is_no_pass_in_the_matrix_even_when_its_checks_passed() -> None:
+    # The agent's model failed it (status provider_error); the checks still ran on whatever
+    # it left, and a not_contains-style invariant passed on that. The execution is `error`,
+    # so the cell and the resilience score must not count it as a pass (SPEC_FORMAT: never
+    # counted as a pass in any aggregate).
+    spec = make_spec(invariants=CONTRACT_INVARIANTS, chaos_matrix=CHAOS_MATRIX)
+    broken = record(
+        "no-chaos",
+        [result("cite", True, severity="critical"), result("latency", True)],
+        status="provider_error",
+        error="model endpoint answered 503",
+    )
+    summary = score_run(spec, [broken])
+    assert summary.executions[0].status == "error"
+    cells = {c.invariant_id: c for c in summary.matrix}
+    assert set(cells) == {"cite", "latency"}
+    for cell in cells.values():
+        assert not cell.passed and cell.status == "error"
+        assert (cell.results_passed, cell.results_total) == (0, 1)
+    assert summary.resilience.score == 0.0
+    assert summary.resilience.critical_failed is True
+    assert summary.pillar_scores["contract"] == 0.0
+
+
 def test_resilience_of_no_cells_is_none() -> None:
     res = resilience_score([])
     assert res.score is None and not res.critical_failed
