@@ -253,7 +253,9 @@ def aggregate_replicas(
         "all": c == n,
         "majority": c * 2 > n,
         "any": c >= 1,
-        "mean": execution_verdict(mean_composite, pass_threshold),
+        # A low pass_threshold (0) must not pass a group whose replicas all failed their own
+        # verdict (a forbidden rule, a gate) or errored: the mean of their zeros meets it.
+        "mean": c >= 1 and execution_verdict(mean_composite, pass_threshold),
     }[method]
     if any(e.status == "error" for e in executions):
         status = "error"

@@ -297,6 +297,32 @@ def test_aggregation_mean_compares_mean_composite_with_threshold() -> None:
     assert aggregate_replicas(_two_of_three(), "mean", pass_threshold=0.85).passed is False
 
 
+def test_mean_aggregation_never_passes_a_group_where_no_replica_passed() -> None:
+    # pass_threshold 0 with `mean`: every replica violated a forbidden rule (composite 0,
+    # each execution fails) or could not be scored (error, composite 0). The mean 0 >= 0
+    # passed the group, so pass_rate_min and the exit code said PASS.
+    spec = make_spec(scoring={"pass_threshold": 0.0, "replica_aggregation": "mean"}, replicas=2)
+    violated = [
+        record(
+            results=[result("says_refund", True)],
+            replica=i,
+            forbidden_violations=[{"rule": "http_except"}],
+        )
+        for i in range(2)
+    ]
+    errored = [
+        record(results=[result("says_refund", False, code=FailureCode.CHECK_ERROR)], replica=i)
+        for i in range(2)
+    ]
+    for records in (violated, errored):
+        summary = score_run(spec, records)
+        assert [e.passed for e in summary.executions] == [False, False]
+        (group,) = summary.groups
+        assert group.passed is False
+        assert summary.pass_rate == 0.0
+        assert summary.exit_code == 1
+
+
 def test_agreeing_replicas_are_pass_or_fail_not_flaky() -> None:
     assert (
         aggregate_replicas([exec_score(True), exec_score(True, replica=1)], "all").status == "pass"
