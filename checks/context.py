@@ -25,6 +25,9 @@ class CommandResult:
     stdout: str
     stderr: str
     timed_out: bool = False
+    # Set when the sandbox could not start the command at all (its engine failed): then
+    # exit_code is no answer of the command's, and a check must not read it as one.
+    error: str | None = None
 
 
 class CommandRunner(Protocol):

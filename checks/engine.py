@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from checks.artifact import RunArtifact
 from checks.context import CheckContext
 from checks.registry import get_check_class
-from checks.results import JUDGE_CHECK_TYPES, CheckResult, FailureCode, Outcome
+from checks.results import ERROR_CODES, JUDGE_CHECK_TYPES, CheckResult, FailureCode, Outcome
 from checks.spec.model import Invariant, Scenario
 
 
@@ -44,16 +44,10 @@ def evaluate_invariant(
     )
 
 
-_NOT_NEGATABLE = frozenset(
-    {
-        FailureCode.CHECK_ERROR,
-        FailureCode.INTERNAL_ERROR,
-        FailureCode.JUDGE_PARSE_ERROR,
-        FailureCode.PROVIDER_ERROR,
-        FailureCode.PROVIDER_TIMEOUT,
-        FailureCode.PROVIDER_AUTH_FAILED,
-    }
-)
+# A result with an error code gave no verdict (a broken script, a pattern that timed out, a
+# judge that failed): "no verdict" negated is still no verdict, never a pass. The set is
+# ERROR_CODES itself, so an error code added there can never be negated into a pass.
+_NOT_NEGATABLE = ERROR_CODES
 
 # When a negated check passes, the agent did what the invariant forbids: name that.
 _NEGATED_CODES = {

@@ -253,7 +253,9 @@ def aggregate_replicas(
         "all": c == n,
         "majority": c * 2 > n,
         "any": c >= 1,
-        "mean": execution_verdict(mean_composite, pass_threshold),
+        # A low pass_threshold (0) must not pass a group whose replicas all failed their own
+        # verdict (a forbidden rule, a gate) or errored: the mean of their zeros meets it.
+        "mean": c >= 1 and execution_verdict(mean_composite, pass_threshold),
     }[method]
     if any(e.status == "error" for e in executions):
         status = "error"
@@ -384,6 +386,13 @@ def _cell(
                 if not record.results and _execution_errored(record):
                     passes.append(False)
                     errored = True
+                continue
+            if record.status in ("error", "provider_error"):
+                # The execution could not run (its model failed it, Keystone broke): what a
+                # check read off what it left is no verdict, and never a pass in a cell,
+                # whatever that check said (SPEC_FORMAT: never counted as a pass).
+                passes.append(False)
+                errored = True
                 continue
             passes.append(result.passed)
             errored = errored or result.is_error

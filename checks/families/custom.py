@@ -108,6 +108,10 @@ class CustomCheck(Check):
             "stdout_tail": tail(result.stdout),
             "stderr_tail": tail(result.stderr),
         }
+        if result.error is not None:  # the sandbox never ran the script: no verdict
+            return Outcome.error(
+                f"the sandbox could not run script {script_name}: {result.error}", **streams
+            )
         if result.timed_out:
             return Outcome.error(f"script {script_name} timed out after {timeout:g}s", **streams)
         if result.exit_code != 0:

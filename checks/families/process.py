@@ -50,6 +50,10 @@ class CommandExitCheck(Check):
             result = runner(command, timeout=timeout)
         except OSError as exc:
             raise ConfigError(f"could not start the command: {exc}") from exc
+        if result.error is not None:
+            # The sandbox never ran the command: its -1 is no exit code, and read as one it
+            # would fail the check, which `negate: true` turns into a pass. No verdict.
+            raise ConfigError(f"the sandbox could not run the command: {result.error}")
         details: dict[str, Any] = {
             "command": command,
             "exit_code": result.exit_code,

@@ -239,7 +239,9 @@ class Sandbox(ABC):
             )
             stderr = result.stderr if result.error is None else (result.stderr + result.error)
             exit_code = result.exit_code if result.exit_code is not None else -1
-            return CommandResult(exit_code, result.stdout, stderr, timed_out=result.timed_out)
+            return CommandResult(
+                exit_code, result.stdout, stderr, timed_out=result.timed_out, error=result.error
+            )
 
         return run
 

@@ -297,6 +297,32 @@ def test_aggregation_mean_compares_mean_composite_with_threshold() -> None:
     assert aggregate_replicas(_two_of_three(), "mean", pass_threshold=0.85).passed is False
 
 
+def test_mean_aggregation_never_passes_a_group_where_no_replica_passed() -> None:
+    # pass_threshold 0 with `mean`: every replica violated a forbidden rule (composite 0,
+    # each execution fails) or could not be scored (error, composite 0). The mean 0 >= 0
+    # passed the group, so pass_rate_min and the exit code said PASS.
+    spec = make_spec(scoring={"pass_threshold": 0.0, "replica_aggregation": "mean"}, replicas=2)
+    violated = [
+        record(
+            results=[result("says_refund", True)],
+            replica=i,
+            forbidden_violations=[{"rule": "http_except"}],
+        )
+        for i in range(2)
+    ]
+    errored = [
+        record(results=[result("says_refund", False, code=FailureCode.CHECK_ERROR)], replica=i)
+        for i in range(2)
+    ]
+    for records in (violated, errored):
+        summary = score_run(spec, records)
+        assert [e.passed for e in summary.executions] == [False, False]
+        (group,) = summary.groups
+        assert group.passed is False
+        assert summary.pass_rate == 0.0
+        assert summary.exit_code == 1
+
+
 def test_agreeing_replicas_are_pass_or_fail_not_flaky() -> None:
     assert (
         aggregate_replicas([exec_score(True), exec_score(True, replica=1)], "all").status == "pass"
@@ -455,6 +481,30 @@ def test_execution_that_died_before_checks_fails_every_cell_as_error() -> None:
     summary = score_run(make_spec(), [record(results=[], status="error", error="sandbox crashed")])
     (cell,) = summary.matrix
     assert cell.status == "error" and not cell.passed
+
+
+def test_provider_error_execution_is_no_pass_in_the_matrix_even_when_its_checks_passed() -> None:
+    # The agent's model failed it (status provider_error); the checks still ran on whatever
+    # it left, and a not_contains-style invariant passed on that. The execution is `error`,
+    # so the cell and the resilience score must not count it as a pass (SPEC_FORMAT: never
+    # counted as a pass in any aggregate).
+    spec = make_spec(invariants=CONTRACT_INVARIANTS, chaos_matrix=CHAOS_MATRIX)
+    broken = record(
+        "no-chaos",
+        [result("cite", True, severity="critical"), result("latency", True)],
+        status="provider_error",
+        error="model endpoint answered 503",
+    )
+    summary = score_run(spec, [broken])
+    assert summary.executions[0].status == "error"
+    cells = {c.invariant_id: c for c in summary.matrix}
+    assert set(cells) == {"cite", "latency"}
+    for cell in cells.values():
+        assert not cell.passed and cell.status == "error"
+        assert (cell.results_passed, cell.results_total) == (0, 1)
+    assert summary.resilience.score == 0.0
+    assert summary.resilience.critical_failed is True
+    assert summary.pillar_scores["contract"] == 0.0
 
 
 def test_resilience_of_no_cells_is_none() -> None:

@@ -151,6 +151,17 @@ def test_negate_does_not_turn_a_config_error_into_a_pass():
     assert result.failure_code is FailureCode.CHECK_ERROR
 
 
+def test_negate_does_not_turn_a_pattern_timeout_into_a_pass():
+    # A pattern that ran past its time limit gave no verdict (CHECK_TIMEOUT, an error code):
+    # negating "no verdict" must not become "the forbidden pattern is absent".
+    inv = _invariant({"type": "regex", "pattern": r"(a|aa)+$"}, negate=True)
+    result = evaluate_invariant(inv, RunArtifact(final_output="a" * 40 + "b"), CheckContext())
+    assert not result.passed
+    assert result.score == 0.0
+    assert result.failure_code is FailureCode.CHECK_TIMEOUT
+    assert result.is_error
+
+
 def test_exception_in_a_check_becomes_internal_error():
     @register
     class ExplodingCheck(Check):
