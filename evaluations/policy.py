@@ -96,6 +96,17 @@ def is_server_secret(name: str) -> bool:
     return name in SERVER_SECRET_NAMES or name.startswith(SERVER_SECRET_PREFIXES)
 
 
+def secret_refusal(name: str, policy: Policy | None = None) -> str | None:
+    """Why a spec may not have the server's variable `name` (as a secret or a model's key),
+    or None when it may."""
+    policy = policy or current()
+    if is_server_secret(name):
+        return f"'{name}' is one of the server's own settings: never passed"
+    if policy.allowed_secrets is not None and name not in policy.allowed_secrets:
+        return f"'{name}' is not allowed (add it to KEYSTONE_POLICY_ALLOWED_SECRETS)"
+    return None
+
+
 def spec_refusals(parsed: dict[str, Any], policy: Policy | None = None) -> list[tuple[str, str]]:
     """(YAML path, why) for every part of a validated spec the policy refuses."""
     policy = policy or current()
@@ -118,18 +129,17 @@ def spec_refusals(parsed: dict[str, Any], policy: Policy | None = None) -> list[
                 "own database included (set KEYSTONE_POLICY_ALLOW_HOST_NETWORK=true to allow it)",
             )
         )
-    for index, name in enumerate(parsed.get("secrets") or []):
-        if is_server_secret(str(name)):
-            problems.append(
-                (f"secrets[{index}]", f"'{name}' is one of the server's own settings: never passed")
-            )
-        elif policy.allowed_secrets is not None and name not in policy.allowed_secrets:
-            problems.append(
-                (
-                    f"secrets[{index}]",
-                    f"'{name}' is not allowed (add it to KEYSTONE_POLICY_ALLOWED_SECRETS)",
-                )
-            )
+    named = [(f"secrets[{i}]", name) for i, name in enumerate(parsed.get("secrets") or [])]
+    # The variable holding a model's key is a secret the spec names too: the worker sends its
+    # value as a bearer token to the spec's own `base_url`, wherever that points.
+    for block in ("llm", "judge"):
+        key_env = (parsed.get(block) or {}).get("api_key_env")
+        if key_env:
+            named.append((f"{block}.api_key_env", key_env))
+    for path, name in named:
+        why = secret_refusal(str(name), policy)
+        if why:
+            problems.append((path, why))
     resources = sandbox.get("resources") or {}
     ceilings = (
         ("timeout", policy.max_timeout_seconds, "KEYSTONE_POLICY_MAX_TIMEOUT"),

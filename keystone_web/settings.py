@@ -177,6 +177,19 @@ TEMPLATES: list[dict[str, Any]] = [
 DATABASE_URL = env_str("DATABASE_URL")
 SQLITE_PATH = KEYSTONE_HOME / "keystone.sqlite3"
 
+
+def _owner_only(path: Path, *, directory: bool = False) -> None:
+    """Make `path` (created if missing) readable by its owner only. KEYSTONE_HOME stays
+    traversable: a local agent running as nobody reaches its workspace through it (under
+    KEYSTONE_HOME/work), and would otherwise read the embedded database (sessions, password
+    and token hashes, every project's results) or the artifacts by their path."""
+    if directory:
+        path.mkdir(parents=True, exist_ok=True)
+    else:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    os.chmod(path, 0o700 if directory else 0o600)
+
+
 if DATABASE_URL:
     # postgresql:// uses django.db.backends.postgresql, which picks psycopg 3.
     DATABASES = {
@@ -187,6 +200,10 @@ if DATABASE_URL:
         )
     }
 else:
+    # SQLite makes its -wal and -shm files with the database file's mode.
+    for _sqlite_file in (SQLITE_PATH, *(Path(f"{SQLITE_PATH}{x}") for x in ("-wal", "-shm"))):
+        if _sqlite_file == SQLITE_PATH or _sqlite_file.exists():
+            _owner_only(_sqlite_file)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
@@ -244,6 +261,9 @@ WHITENOISE_USE_FINDERS = True
 KEYSTONE_ARTIFACT_ROOT = Path(
     env_str("KEYSTONE_ARTIFACT_ROOT") or KEYSTONE_HOME / "artifacts"
 ).resolve()
+if not env_str("KEYSTONE_ARTIFACT_ROOT"):
+    # Next to the workspaces: only the server reads them (an operator's own root is theirs).
+    _owner_only(KEYSTONE_ARTIFACT_ROOT, directory=True)
 MEDIA_ROOT = KEYSTONE_ARTIFACT_ROOT
 MEDIA_URL = "artifacts/"
 

@@ -1,9 +1,10 @@
 """`agent.start` of an HTTP agent: the command that starts the agent's server, and the URL
 that answers once it is ready. Before an execution, the runner probes `ready_url`; when nothing
 answers, it starts the command on the Keystone host (with `sh -c` in the spec's directory, the
-Python that runs Keystone first on PATH), waits until the probe answers 2xx, and keeps the
-server for the next executions of this process; it is stopped when the process exits. A
-server that somebody else already runs on that URL is used as it is.
+Python that runs Keystone first on PATH, and none of the server's environment variables),
+waits until the probe answers 2xx, and keeps the server for the next executions of this
+process; it is stopped when the process exits. A server that somebody else already runs on
+that URL is used as it is.
 
 The command runs outside any sandbox, so it is allowed only for specs read from a directory
 on this machine (`keystone run`, the demo) or with KEYSTONE_ALLOW_HOST_SCRIPTS=true.
@@ -90,11 +91,25 @@ def ensure_started(agent: dict[str, Any], *, spec_dir: Path, allowed: bool) -> s
     return None
 
 
+# What the started server may see of the worker's environment: where programs are, its home
+# and locale. Nothing else: the worker's environment holds the server's secrets.
+_INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+
+
+def _server_env() -> dict[str, str]:
+    """The environment of the agent's server: the agent under test, untrusted like any agent,
+    so never the worker's own environment (SECRET_KEY, DATABASE_URL, the model key, the
+    broker, KEYSTONE_* settings), as the sandboxes never pass it either. Its endpoints come
+    per call in the X-Keystone-Env header."""
+    env = {key: os.environ[key] for key in _INHERITED if key in os.environ}
+    # `python` in the command is the Python that runs Keystone (it has the agents' SDKs).
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+    return env
+
+
 def _spawn(command: str, spec_dir: Path) -> _Server:
     handle, name = tempfile.mkstemp(prefix="keystone-agent-", suffix=".log")
-    env = dict(os.environ)
-    # `python` in the command is the Python that runs Keystone (it has the agents' SDKs).
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env = _server_env()
     with os.fdopen(handle, "wb") as log:
         process = subprocess.Popen(
             ["sh", "-c", command],

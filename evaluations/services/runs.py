@@ -337,7 +337,9 @@ def run_warning_add(*, run_id: int, warning: str) -> None:
 
 
 def run_secrets(run: Run) -> dict[str, str]:
-    """Only the variables the spec names (its `secrets` and the llm's api_key_env)."""
+    """Only the variables the spec names (its `secrets` and the llm's api_key_env), and of
+    those only the ones the policy allows now: a run plans (mutations.use_llm) before any
+    execution checks the policy again, and the server's own settings never leave it."""
     import os
 
     parsed = run.spec_version.parsed
@@ -346,7 +348,12 @@ def run_secrets(run: Run) -> dict[str, str]:
         key_env = (parsed.get(block) or {}).get("api_key_env")
         if key_env:
             names.append(key_env)
-    return {name: os.environ[name] for name in names if name in os.environ}
+    current = policy.current()
+    return {
+        name: os.environ[name]
+        for name in names
+        if name in os.environ and policy.secret_refusal(str(name), current) is None
+    }
 
 
 def run_sweep_stuck(*, enqueue: bool = True) -> list[int]:

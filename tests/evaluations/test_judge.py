@@ -137,7 +137,7 @@ def test_judge_block_falls_back_to_settings_and_keeps_the_server_key_home(
 ) -> None:
     reply = {"reply": {"content": '{"score": 1.0, "passed": true, "reasoning": "ok"}'}}
     monkeypatch.setenv("KEYSTONE_TEST_SERVER_KEY", "sk-server-secret")
-    monkeypatch.setenv("KEYSTONE_TEST_SPEC_KEY", "sk-spec-key")
+    monkeypatch.setenv("SPEC_JUDGE_TEST_KEY", "sk-spec-key")
     settings.KEYSTONE_JUDGE_API_KEY_ENV = "KEYSTONE_TEST_SERVER_KEY"
     with ScriptedServer([reply]) as server:
         settings.KEYSTONE_JUDGE_BASE_URL = server.base_url
@@ -162,7 +162,7 @@ def test_judge_block_falls_back_to_settings_and_keeps_the_server_key_home(
         other = f"http://localhost:{server.base_url.rsplit(':', 1)[1]}"
         assert authorization_for(openai_spec(base_url=other)) == "Bearer keystone-no-key"
         assert authorization_for(
-            openai_spec(base_url=other, api_key_env="KEYSTONE_TEST_SPEC_KEY")
+            openai_spec(base_url=other, api_key_env="SPEC_JUDGE_TEST_KEY")
         ) == ("Bearer sk-spec-key")
 
     block = judge_block({"judge": {"provider": "openai", "temperature": 0.2}})
@@ -233,15 +233,15 @@ def test_in_process_run_stores_judge_verdicts_caches_them_and_bypasses_on_reques
 @pytest.mark.django_db(transaction=True)
 def test_judge_without_credentials_marks_the_run_and_exits_3() -> None:
     project = services.project_default()
-    os.environ.pop("KEYSTONE_TEST_UNSET_KEY", None)
-    run = run_spec(project, openai_spec(api_key_env="KEYSTONE_TEST_UNSET_KEY"), spec_dir=REPO_ROOT)
+    os.environ.pop("SPEC_JUDGE_UNSET_KEY", None)
+    run = run_spec(project, openai_spec(api_key_env="SPEC_JUDGE_UNSET_KEY"), spec_dir=REPO_ROOT)
     row = judge_rows(run)["tone"]
     assert row.failure_code == "PROVIDER_AUTH_FAILED" and row.source == "judge"
     assert row.details["judge"]["error_code"] == "PROVIDER_AUTH_FAILED"
     assert run.exit_code == 3, run.summary
     assert any(
         "judge provider error in tone: PROVIDER_AUTH_FAILED" in w
-        and "KEYSTONE_TEST_UNSET_KEY is not set on the server" in w
+        and "SPEC_JUDGE_UNSET_KEY is not set on the server" in w
         for w in run.warnings
     ), run.warnings
 
