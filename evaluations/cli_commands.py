@@ -174,6 +174,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             source_yaml=spec_path.read_text(encoding="utf-8"),
             source_name=str(spec_path),
             base_dir=str(spec_path.resolve().parent),
+            read_from_files=True,
         )
     except SpecValidationError as exc:  # valid, but more than this server's policy allows
         for error in exc.errors:

@@ -231,8 +231,13 @@ class SpecVersion(models.Model):
     parsed = models.JSONField(default=dict)
     content_hash = models.CharField(max_length=64, editable=False)
     # The server directory the text was read from (CLI, demo), where its relative files
-    # (seeds, fixtures, agents) live; empty for text typed or uploaded in the browser.
+    # (seeds, fixtures, agents) live; a new version typed in the browser keeps it, so that
+    # its relative paths still resolve. Empty for text written in the browser or the API.
     base_dir = models.CharField(max_length=1000, blank=True, default="")
+    # The text itself was read from a file on the server (the CLI, the demo), which the
+    # operator laid out: its runs may start agent.start on the host, copy a workspace from
+    # outside its directory and read replay files (services.runs.host_parts_allowed).
+    read_from_files = models.BooleanField(default=False)
     author = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.SET_NULL,

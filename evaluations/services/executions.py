@@ -166,7 +166,7 @@ def harness_config(run: Run, spec: Any) -> Any:
     return HarnessConfig(
         workspaces_root=Path(settings.KEYSTONE_WORK_DIR),
         spec_dir=Path(spec_dir),
-        confine_to_spec_dir=not run.options.get("spec_dir"),
+        confine_to_spec_dir=not run.options.get("read_from_files"),
         sandbox_backend=settings.KEYSTONE_SANDBOX_BACKEND or None,
         postgres_url=_postgres_url(spec),
         mysql_url=settings.KEYSTONE_MYSQL_URL or None,
@@ -202,6 +202,7 @@ def execution_execute(
     from evaluations.runner.harness import choose_sandbox, run_execution
     from evaluations.runner.sandbox import SandboxUnavailable
     from evaluations.runner.services import ServiceError, ServiceNotConfigured
+    from evaluations.runner.workspace import WorkspaceError
 
     if not execution_claim(execution_id=execution_id, worker=worker):
         return None
@@ -250,7 +251,7 @@ def execution_execute(
                 seed=execution_seed(int(run.options.get("seed", 0)), execution.key),
                 sandbox=sandbox,
             )
-    except ServiceNotConfigured as exc:  # not transient: said at once, never retried
+    except (ServiceNotConfigured, WorkspaceError) as exc:  # not transient: said, not retried
         execution_record_error(execution_id=execution_id, worker=worker, error=str(exc))
         run_warning_note(run, str(exc))
         return _errored(execution)

@@ -239,6 +239,7 @@ def _demo_buggy_release(version: Any) -> Any:
         source_yaml="# The demo: release 2 of the shell agent (a regression)\n" + text,
         source_name=f"{version.spec.slug}.yaml (release 2)",
         base_dir=version.base_dir,
+        read_from_files=True,  # the demo's own change to its own file
     )
 
 
@@ -267,6 +268,7 @@ def demo_load() -> list[str]:
             source_yaml=path.read_text(encoding="utf-8"),
             source_name=str(path),
             base_dir=str(examples.resolve()),
+            read_from_files=True,
         )
         lines.append(f"demo spec {version.spec.slug} v{version.number}")
     user_model = get_user_model()

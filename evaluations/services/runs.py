@@ -73,6 +73,8 @@ def run_create(
         # Relative files resolve against the directory given for this run, else the one
         # the version was read from.
         "spec_dir": spec_dir or spec_version.base_dir,
+        # A directory given for this run is where `keystone run` read the file from.
+        "read_from_files": bool(spec_dir) or host_parts_allowed(spec_version),
         "seed": seed,
     }
     if not judge_cache:
@@ -217,7 +219,7 @@ def _pillar_inputs(
     )
     sessions, replay_warnings = plan_sessions(
         spec.raw.get("replay"),
-        base_dir=run.options.get("spec_dir") or None,
+        base_dir=run.options.get("spec_dir") if run.options.get("read_from_files") else None,
         from_execution=lambda execution_id: execution_replay_session(
             execution_id=execution_id, project_id=run.project_id
         ),
@@ -307,7 +309,7 @@ def run_rerun_failed(
         labels={**run.labels, "rerun_of": str(run.pk)},
         replicas=run.replicas_override,
         scenarios=run.options.get("scenarios") or None,
-        spec_dir=run.options.get("spec_dir") or None,
+        spec_dir=run.options.get("spec_dir") if run.options.get("read_from_files") else None,
         seed=int(run.options.get("seed", 0)),
         created_by=created_by,
         enqueue=enqueue,
@@ -334,6 +336,38 @@ def run_warning_add(*, run_id: int, warning: str) -> None:
         if warning not in run.warnings:
             run.warnings = [*run.warnings, warning]
             run.save(update_fields=["warnings"])
+
+
+def _host_parts(parsed: dict[str, Any]) -> list[Any]:
+    """What a spec reaches on the server outside its sandbox and its directory: the command
+    agent.start runs on the host, the directory sandbox.workspace copies (from anywhere),
+    the replay files read (from anywhere)."""
+    sessions = (parsed.get("replay") or {}).get("sessions") or []
+    return [
+        (parsed.get("agent") or {}).get("start"),
+        (parsed.get("sandbox") or {}).get("workspace"),
+        [s for s in sessions if isinstance(s, str) or (isinstance(s, dict) and "file" in s)],
+    ]
+
+
+def host_parts_allowed(version: SpecVersion) -> bool:
+    """Whether runs of `version` may use its host parts (_host_parts). A text read from a
+    file on the server may: the operator laid it out. A text typed in the browser may only
+    keep those of the spec's latest version read from the same directory, so that an edited
+    demo spec runs as before (issue 17) while an editor can put no new command on the host
+    and no other server path in it."""
+    if version.read_from_files:
+        return True
+    if not version.base_dir:
+        return False
+    origin = (
+        version.spec.versions.filter(
+            read_from_files=True, base_dir=version.base_dir, number__lt=version.number
+        )
+        .order_by("-number")
+        .first()
+    )
+    return origin is not None and _host_parts(origin.parsed) == _host_parts(version.parsed)
 
 
 def run_secrets(run: Run) -> dict[str, str]:

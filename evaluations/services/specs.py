@@ -23,6 +23,7 @@ def spec_version_create(
     author: Any = None,
     source_name: str = "spec.yaml",
     base_dir: str = "",
+    read_from_files: bool = False,
 ) -> SpecVersion:
     """Validate and store a spec's text. The same text again returns the existing version;
     a changed text under the same `id` becomes version N+1. Invalid text is never stored."""
@@ -58,4 +59,5 @@ def spec_version_create(
             parsed=data,
             author=author,
             base_dir=base_dir,
+            read_from_files=read_from_files,
         )

@@ -112,6 +112,7 @@ def _world(django_user_model: Any) -> dict[str, str]:
         project=project,
         source_yaml=(examples / "support-agent-python.yaml").read_text(),
         base_dir=str(examples),
+        read_from_files=True,
     )
     agent_run = services.run_create(spec_version=agent_spec, replicas=1, labels={"branch": "main"})
     judged = services.spec_version_create(project=project, source_yaml=JUDGED)

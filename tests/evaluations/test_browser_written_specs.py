@@ -84,7 +84,9 @@ def test_the_same_spec_from_a_file_may_use_its_directory(tmp_path: Path) -> None
     source = SPEC.format(
         spec_id="from-file", workspace=", workspace: ../fixture", services="", replay=""
     )
-    version = services.spec_version_create(project=project, source_yaml=source, base_dir=str(specs))
+    version = services.spec_version_create(
+        project=project, source_yaml=source, base_dir=str(specs), read_from_files=True
+    )
     run = execute_run(services.run_create(spec_version=version, enqueue=False))
     execution = Execution.objects.get(run=run)
     assert execution.status == "success", execution.error
