@@ -9,6 +9,7 @@ The table of variables is in README.md.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import secrets
@@ -184,10 +185,18 @@ def _owner_only(path: Path, *, directory: bool = False) -> None:
     KEYSTONE_HOME/work), and would otherwise read the embedded database (sessions, password
     and token hashes, every project's results) or the artifacts by their path."""
     if directory:
-        path.mkdir(parents=True, exist_ok=True)
-    else:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-    os.chmod(path, 0o700 if directory else 0o600)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    elif not path.exists():
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    if path.stat().st_mode & 0o077:  # an older KEYSTONE_HOME's, or made under another umask
+        try:
+            os.chmod(path, 0o700 if directory else 0o600)
+        except PermissionError as exc:
+            raise ImproperlyConfigured(
+                f"{path} is readable by other users and cannot be made private: {exc} "
+                "(run Keystone as the owner of KEYSTONE_HOME)"
+            ) from exc
 
 
 if DATABASE_URL:

@@ -52,6 +52,11 @@ def test_a_local_agent_cannot_read_the_embedded_database_or_the_artifacts(
     spec.write_text(SPEC)
     report = tmp_path / "report.json"
     env = embedded_env(home, KEYSTONE_POLICY_MIN_BACKEND="local")
+    # A home an older Keystone left: its database and artifacts readable by everyone.
+    (home / "keystone.sqlite3").touch(mode=0o644)
+    (home / "artifacts").mkdir(mode=0o755)
+    os.chmod(home / "keystone.sqlite3", 0o644)
+    os.chmod(home / "artifacts", 0o755)
     # Twice: the second run finds the database and artifacts the first one left.
     for _ in range(2):
         done = run_keystone("run", str(spec), "--json", str(report), env=env)
