@@ -641,6 +641,31 @@ class _Hello(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def test_command_exit_gives_no_verdict_when_the_sandbox_cannot_start_the_command(
+    docker_image: str, workspace: Path
+) -> None:
+    """The engine cannot start the command (here: an image it does not have). Read as an
+    exit code, the failure was a mismatch, which `negate: true` turned into a pass."""
+    from checks.artifact import RunArtifact
+    from checks.context import CheckContext
+    from checks.engine import evaluate_invariant
+    from checks.results import FailureCode
+    from checks.spec.model import Invariant
+
+    runner = DockerSandbox("keystone-no-such-image:missing").command_runner(workspace, {})
+    invariant = Invariant(
+        id="no_secret_in_log",
+        description="the log does not contain the secret",
+        check={"type": "command_exit", "command": "grep -q hunter2 app.log"},
+        negate=True,
+    )
+    result = evaluate_invariant(
+        invariant, RunArtifact(), CheckContext(workspace=workspace, run_command=runner)
+    )
+    assert not result.passed and result.failure_code is FailureCode.CHECK_ERROR, result
+    assert "keystone-no-such-image" in result.message
+
+
 def test_docker_kills_a_container_started_after_stop_all_at_once(
     docker_sandbox: DockerSandbox, workspace: Path
 ) -> None:
