@@ -7,6 +7,7 @@ configured. Loaded once per process, on first use (a few seconds), never at impo
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -73,4 +74,13 @@ def embedding_similarity(context: CheckContext, left: str, right: str) -> float:
     vectors: Any = embed([left, right])
     if not isinstance(vectors, list | tuple) or len(vectors) != 2:
         raise ConfigError("the embedding provider did not return two vectors")
-    return max(0.0, min(1.0, cosine(list(vectors[0]), list(vectors[1]))))
+    first, second = (list(vector) for vector in vectors)
+    # A broken provider's vectors are no measurement: two of different lengths compared
+    # their common part only, and a NaN came out of the clamp below as 1.0, a perfect match.
+    if not first or len(first) != len(second):
+        raise ConfigError(
+            f"the embedding provider returned vectors of {len(first)} and {len(second)} numbers"
+        )
+    if not all(math.isfinite(value) for value in first + second):
+        raise ConfigError("the embedding provider returned a vector that is not all numbers")
+    return max(0.0, min(1.0, cosine(first, second)))

@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -127,3 +132,54 @@ def test_behavior_unchanged_against_a_stored_baseline_cell(run_check):
         output="Refund issued",
     )
     assert text.passed and text.details["baseline"] == "text"
+
+
+@pytest.mark.parametrize(
+    "vectors",
+    [[[1.0, 0.0, 0.0], [1.0]], [[float("nan"), 1.0], [0.5, 1.0]]],
+    ids=["lengths differ", "not a number"],
+)
+def test_similarity_from_a_broken_embedding_endpoint_is_no_verdict(vectors, run_check):
+    """A real OpenAI-compatible endpoint whose vectors are no measurement: compared, they gave
+    a similarity of 1.0 (a NaN through the clamp; a common part of one number), a pass."""
+    from checks.judge_client import JudgeClient, JudgeSettings
+
+    body = json.dumps(
+        {
+            "object": "list",
+            "model": "broken",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)
+            ],
+            "usage": {"prompt_tokens": 2, "total_tokens": 2},
+        }
+    ).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        judge = JudgeClient(
+            JudgeSettings(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="k")
+        )
+        config = {"type": "similarity", "expected": "abc", "method": "embedding", "threshold": 0.9}
+        outcome = run_check(
+            config, output="something else entirely", context=CheckContext(judge=judge)
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not outcome.passed
+    assert outcome.failure_code is FailureCode.CHECK_ERROR, outcome
+    assert "embedding provider returned" in outcome.message
