@@ -237,6 +237,14 @@ def _check_rules(
         for index, pattern in enumerate(_list(check.get("patterns"))):
             yield from _regex(pattern, (*path, "patterns", index))
     elif kind in ("excludes_pii", "pii"):
+        nothing_else = not check.get("deny_patterns") and not check.get("custom_patterns")
+        if check.get("patterns") == [] and nothing_else:
+            # Nothing left to look for: the check would pass on any output.
+            yield Problem(
+                (*path, "patterns"),
+                "an empty list checks for nothing: name built-in patterns, or give "
+                "'deny_patterns' or 'custom_patterns'",
+            )
         for index, pattern in enumerate(_list(check.get("deny_patterns"))):
             yield from _regex(pattern, (*path, "deny_patterns", index))
         for index, custom in enumerate(_list(check.get("custom_patterns"))):
