@@ -30,9 +30,9 @@ invariants:
 """
 
 
-def test_a_spec_from_files_edited_in_the_browser_still_resolves_its_paths(
-    tmp_path: Path, django_user_model: Any
-) -> None:
+def _file_spec_and_its_editor(tmp_path: Path, django_user_model: Any) -> tuple[Any, Client]:
+    """Version 1 of `from-files` read from tmp_path/specs (its agent in ../agents/shell), and
+    a browser logged in as an editor of its project."""
     agent = tmp_path / "agents" / "shell"
     agent.mkdir(parents=True)
     (agent / "agent.sh").write_text("echo agent-in-workspace\n")
@@ -50,6 +50,14 @@ def test_a_spec_from_files_edited_in_the_browser_still_resolves_its_paths(
     Membership.objects.create(project=project, user=editor, role=Role.EDITOR)
     client = Client()
     client.force_login(editor)
+    return v1, client
+
+
+def test_a_spec_from_files_edited_in_the_browser_still_resolves_its_paths(
+    tmp_path: Path, django_user_model: Any
+) -> None:
+    v1, client = _file_spec_and_its_editor(tmp_path, django_user_model)
+    specs = tmp_path / "specs"
     edit_url = reverse("spec_edit", args=["p", "from-files"])
 
     page = client.get(edit_url).content.decode()
@@ -72,30 +80,16 @@ def test_a_browser_edit_cannot_add_a_host_command_or_another_server_path(
     """The directory a file-read spec keeps gives its edited versions what the operator's file
     had, no more: an editor who adds agent.start (a command on the Keystone host, outside any
     sandbox) or points sandbox.workspace elsewhere on the server gets a confined run."""
-    (tmp_path / "agents" / "shell").mkdir(parents=True)
-    (tmp_path / "agents" / "shell" / "agent.sh").write_text("echo agent-in-workspace\n")
+    v1, client = _file_spec_and_its_editor(tmp_path, django_user_model)
     (tmp_path / "server-secrets").mkdir()
     (tmp_path / "server-secrets" / "agent.sh").write_text("echo read-the-servers-files\n")
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    project = Project.objects.create(name="P", slug="p")
-    services.spec_version_create(
-        project=project,
-        source_yaml=SPEC.format(description="first"),
-        base_dir=str(specs),
-        read_from_files=True,
-    )
-    editor = django_user_model.objects.create_user(username="ed", password="pw-ed-12345")
-    Membership.objects.create(project=project, user=editor, role=Role.EDITOR)
-    client = Client()
-    client.force_login(editor)
     edit_url = reverse("spec_edit", args=["p", "from-files"])
     marker = tmp_path / "ran-on-the-host"
 
     def edited_run(source: str) -> Execution:
         response = client.post(edit_url, {"spec": "from-files", "source": source})
         assert response.status_code == 302, response.content
-        version = project.specs.get(slug="from-files").latest_version()
+        version = v1.spec.latest_version()
         run = execute_run(
             services.run_create(spec_version=version, trigger=Trigger.WEB, enqueue=False)
         )
