@@ -60,3 +60,50 @@ def test_a_viewer_does_not_read_a_slack_webhook_url_in_a_failed_firing(
     assert "HTTP 404" in row["last_error"] and "127.0.0.1" in row["last_error"]
     for secret in ("sl4ckS3cretT0ken", "qs-secret", "/services/"):
         assert secret not in answer.content.decode()
+
+
+def test_a_token_cannot_mint_a_project_token_with_a_scope_it_lacks(
+    project: Project, django_user_model: Any
+) -> None:
+    """A token acts within its scopes, and a personal token "cannot grant a scope it lacks"
+    (docs/api.md). POST /api/projects/<p>/tokens did not apply that rule: a token with only
+    the admin scope (project or personal) minted a project token with `run`, and with it
+    uploaded a spec (a command the server runs), which its own scopes refuse."""
+    spec_in(project)
+    boss = _member(django_user_model, project, "boss", Role.ADMIN)
+    _, project_admin = services.token_issue(
+        project=project, user=boss, name="ops", scopes=["admin"]
+    )
+    _, personal_admin = services.personal_token_issue(user=boss, name="laptop", scopes=["admin"])
+    url = f"/api/projects/{project.slug}/tokens"
+    upload = f"/api/projects/{project.slug}/specs"
+    for raw in (project_admin, personal_admin):
+        # Its own scopes refuse running...
+        refused = Client().post(
+            upload, {"source_yaml": "id: x\n"}, content_type="application/json", **_bearer(raw)
+        )
+        assert refused.status_code == 403, refused.content
+        # ...so it cannot mint a token that runs, nor one that reads.
+        for scopes in (["read", "run"], ["run"], ["read"]):
+            minted = Client().post(
+                url,
+                {"name": "ci", "scopes": scopes},
+                content_type="application/json",
+                **_bearer(raw),
+            )
+            assert minted.status_code == 403, (scopes, minted.content)
+            assert "lacks" in minted.json()["error"]["message"]
+        # Within its scopes it still manages the project's tokens.
+        made = Client().post(
+            url,
+            {"name": "ops-2", "scopes": ["admin"]},
+            content_type="application/json",
+            **_bearer(raw),
+        )
+        assert made.status_code == 201, made.content
+    # Only the two tokens with the admin scope the tests minted, none that runs.
+    assert sorted(s for t in project.api_tokens.filter(name="ops-2") for s in t.scopes) == [
+        "admin",
+        "admin",
+    ]
+    assert not project.api_tokens.filter(name="ci").exists()
