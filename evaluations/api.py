@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -629,6 +630,18 @@ class AlertFiringOut(Schema):
     delivered: datetime | None
 
 
+# A URL in a delivery error, split into what may be shown (scheme and host) and the rest.
+_URL_IN_ERROR = re.compile(r"(https?://)(?:[^/\s@]*@)?([^/\s?#]+)[^\s]*")
+
+
+def _error_for_members(error: str) -> str:
+    """A firing's delivery error with each URL cut down to its scheme and host. A Slack or
+    webhook channel's URL is its credential (its path and query carry the token; whoever
+    has it posts to the channel), and channels are the admins' (settings page only), but
+    firings are read by every member: a failed delivery names the channel's URL."""
+    return _URL_IN_ERROR.sub(r"\1\2/…", error)
+
+
 @router.get(
     "/projects/{slug}/alert-firings", response=list[AlertFiringOut], url_name="alert_firings"
 )
@@ -646,7 +659,7 @@ def alert_firing_list(request: HttpRequest, slug: str) -> list[AlertFiringOut]:
             message=firing.message,
             status=firing.status,
             attempts=firing.attempts,
-            last_error=firing.last_error,
+            last_error=_error_for_members(firing.last_error),
             created=firing.created,
             delivered=firing.delivered,
         )

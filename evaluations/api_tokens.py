@@ -5,7 +5,7 @@ only (stored hashed), and both are revocable.
 
 Personal tokens are managed by their person: signed in, or with a personal token that has
 the admin scope (which cannot mint a token with a scope it lacks itself). Project tokens
-are managed by the project's admins."""
+are managed by the project's admins; a token doing so, too, grants no scope it lacks."""
 
 from __future__ import annotations
 
@@ -82,6 +82,17 @@ def _person(request: HttpRequest) -> Any:
     return request.user
 
 
+def _refuse_scopes_beyond(request: HttpRequest, scopes: list[str]) -> None:
+    """A token may not mint a token with a scope it lacks itself, personal or project: else
+    a token with only `admin` would mint one with `run` and do what its scopes refuse. A
+    signed-in person has every scope."""
+    credential = request.auth  # type: ignore[attr-defined]
+    if isinstance(credential, ApiToken):
+        beyond = [s for s in scopes if s not in (credential.scopes or [])]
+        if beyond:
+            raise PermissionDenied(f"This token cannot grant the {beyond[0]!r} scope it lacks.")
+
+
 @router.get("/tokens", response=list[TokenOut], url_name="tokens")
 def token_list(request: HttpRequest) -> list[TokenOut]:
     """Your personal tokens, newest first (never their values)."""
@@ -94,11 +105,7 @@ def token_list(request: HttpRequest) -> list[TokenOut]:
 def token_create(request: HttpRequest, payload: TokenIn) -> Status[TokenCreatedOut]:
     """A personal token; its value is in this answer only."""
     user = _person(request)
-    credential = request.auth  # type: ignore[attr-defined]
-    if isinstance(credential, ApiToken):
-        beyond = [s for s in payload.scopes if s not in (credential.scopes or [])]
-        if beyond:
-            raise PermissionDenied(f"This token cannot grant the {beyond[0]!r} scope it lacks.")
+    _refuse_scopes_beyond(request, payload.scopes)
     try:
         token, raw = services.personal_token_issue(
             user=user,
@@ -140,6 +147,7 @@ def project_token_create(
     """A project token acting as `user` (a member) in this project; its value is in this
     answer only."""
     caller = _caller(request, slug, Role.ADMIN)
+    _refuse_scopes_beyond(request, payload.scopes)
     member = caller.user
     if payload.user:
         found = next(

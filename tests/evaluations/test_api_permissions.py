@@ -106,7 +106,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ),
     # tokens
     ("get", f"{P}/tokens"): Rule(Role.ADMIN),
-    ("post", f"{P}/tokens"): Rule(Role.ADMIN, {"name": "ci"}, allowed=(201,)),
+    # (a token grants no scope it lacks: the one with just `admin` mints an `admin` token)
+    ("post", f"{P}/tokens"): Rule(Role.ADMIN, {"name": "ci", "scopes": ["admin"]}, allowed=(201,)),
     ("delete", f"{P}/tokens/{{token_id}}"): Rule(Role.ADMIN, allowed=(204,)),
     ("get", "/api/tokens"): Rule(PERSONAL),
     ("post", "/api/tokens"): Rule(

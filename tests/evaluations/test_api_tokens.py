@@ -136,7 +136,10 @@ def test_project_tokens_through_the_api(
     dana, alpha, _ = two_projects
     boss = django_user_model.objects.create_user(username="boss", password="pw-1234567")
     Membership.objects.create(project=alpha, user=boss, role=Role.ADMIN)
-    _, admin_raw = services.token_issue(project=alpha, user=boss, name="admin", scopes=["admin"])
+    # A token grants no scope it lacks: this one has those of the token it makes below.
+    _, admin_raw = services.token_issue(
+        project=alpha, user=boss, name="admin", scopes=["read", "run", "admin"]
+    )
     made = _json(
         Client(),
         "post",
