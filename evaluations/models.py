@@ -23,6 +23,7 @@ from django.utils.text import get_valid_filename
 from checks.planning import EXECUTION_KEY_MAX, execution_key
 from checks.results import CheckResult as EngineCheckResult
 from checks.results import FailureCode
+from checks.spec.semantics import INVARIANT_ID_MAX, SCENARIO_NAME_MAX, SPEC_ID_MAX
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -202,7 +203,7 @@ class ApiToken(models.Model):
 
 class Spec(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="specs")
-    slug = models.SlugField(max_length=100, help_text="The spec's `id` (kebab-case).")
+    slug = models.SlugField(max_length=SPEC_ID_MAX, help_text="The spec's `id` (kebab-case).")
     name = models.CharField(max_length=200, blank=True)
     created = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -420,7 +421,7 @@ class Execution(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="executions")
     # Identity of the cell within its run (see build_key); unique per run.
     key = models.CharField(max_length=EXECUTION_KEY_MAX, editable=False)
-    scenario = models.CharField(max_length=200)
+    scenario = models.CharField(max_length=SCENARIO_NAME_MAX)
     prompt_index = models.PositiveIntegerField(default=0)
     prompt = models.TextField(blank=True)
     replica = models.PositiveIntegerField(default=0, help_text="0-based replica number.")
@@ -428,7 +429,7 @@ class Execution(models.Model):
     pillar = models.CharField(max_length=16, choices=Pillar.choices, default=Pillar.CONTRACT)
     mutation_type = models.CharField(max_length=64, blank=True, default="")
     # NULL unless the spec asks for per_invariant isolation (one execution per invariant).
-    invariant_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    invariant_id = models.CharField(max_length=INVARIANT_ID_MAX, null=True, blank=True)  # noqa: DJ001
     status = models.CharField(
         max_length=16, choices=ExecutionStatus.choices, default=ExecutionStatus.PENDING
     )
@@ -593,7 +594,7 @@ class CheckResult(models.Model):
 
     execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="check_results")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="check_results")
-    invariant_id = models.CharField(max_length=200)
+    invariant_id = models.CharField(max_length=INVARIANT_ID_MAX)
     check_type = models.CharField(max_length=64)
     score = models.FloatField()
     passed = models.BooleanField()
@@ -727,7 +728,7 @@ class BaselineCell(models.Model):
 
     baseline = models.ForeignKey(Baseline, on_delete=models.CASCADE, related_name="cells")
     key = models.CharField(max_length=EXECUTION_KEY_MAX)  # Execution.key: the match
-    scenario = models.CharField(max_length=200)
+    scenario = models.CharField(max_length=SCENARIO_NAME_MAX)
     prompt_index = models.PositiveIntegerField(default=0)
     replica = models.PositiveIntegerField(default=0)
     pillar = models.CharField(max_length=16, default=Pillar.CONTRACT)
@@ -799,7 +800,7 @@ class ReviewItem(models.Model):
     check_result = models.ForeignKey(
         CheckResult, on_delete=models.CASCADE, related_name="review_items"
     )
-    invariant_id = models.CharField(max_length=200)
+    invariant_id = models.CharField(max_length=INVARIANT_ID_MAX)
     criteria = models.TextField(blank=True, default="")
     judge_model = models.CharField(max_length=200, blank=True, default="")
     prompt_version = models.CharField(max_length=64, blank=True, default="")
@@ -1064,7 +1065,7 @@ class ResultChange(models.Model):
     check_result = models.ForeignKey(
         CheckResult, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
     )
-    invariant_id = models.CharField(max_length=200)
+    invariant_id = models.CharField(max_length=INVARIANT_ID_MAX)
     review_item = models.ForeignKey(
         ReviewItem, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
     )

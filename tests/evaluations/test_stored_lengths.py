@@ -1,0 +1,97 @@
+"""Text longer than the database column that stores it is refused where it is given, with
+the field (and, in a spec, the line) named, before anything is written: PostgreSQL refused
+it in the middle of the write (a 500), or later, in a worker (a run queued or running for
+ever). SQLite stores any length, so these tests also hold there."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from evaluations import services
+from evaluations.models import Membership, Project, Role, Spec
+
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
+
+SPEC = """\
+version: 1
+id: {id}
+task: {{prompt: "Say hello"}}
+agent: {{type: command, command: "echo hello"}}
+chaos_matrix:
+  - name: {scenario}
+invariants:
+  {invariant}: {{description: d, check: {{type: contains, value: hello}}}}
+"""
+
+
+@pytest.fixture
+def editor(project: Project, django_user_model: Any) -> dict[str, str]:
+    user = django_user_model.objects.create_user(username="ed", password="pw-123456")
+    Membership.objects.create(project=project, user=user, role=Role.ADMIN)
+    _, raw = services.token_issue(project=project, user=user, name="ci")
+    return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+
+
+def _post(url: str, body: Any, headers: dict[str, str]) -> Any:
+    return Client().post(url, json.dumps(body), content_type="application/json", **headers)
+
+
+@pytest.mark.parametrize(
+    ("names", "path", "line", "message"),
+    [
+        (
+            {"id": "a" * 101},
+            "id",
+            2,
+            "the spec id is too long: at most 100 characters, got 101",
+        ),
+        (
+            {"scenario": "s" * 201},
+            "chaos_matrix[0].name",
+            6,
+            "the scenario name is too long: at most 200 characters, got 201",
+        ),
+        (
+            {"invariant": "i" * 201},
+            "invariants." + "i" * 201,
+            8,
+            "the invariant id is too long: at most 200 characters, got 201",
+        ),
+    ],
+    ids=["spec-id", "scenario-name", "invariant-id"],
+)
+def test_a_spec_name_too_long_for_its_column_is_a_422_at_its_line(
+    project: Project,
+    editor: dict[str, str],
+    names: dict[str, str],
+    path: str,
+    line: int,
+    message: str,
+) -> None:
+    text = SPEC.format(**{"id": "long-names", "scenario": "calm", "invariant": "greets", **names})
+    for url in ("/api/projects/demo/specs", "/api/projects/demo/runs"):
+        response = _post(url, {"source_yaml": text}, editor)
+        assert response.status_code == 422, response.content
+        error = response.json()["error"]
+        assert error["code"] == "spec_invalid" and error["field"] == path
+        (detail,) = error["details"]
+        assert (detail["path"], detail["line"], detail["message"]) == (path, line, message)
+    assert not Spec.objects.exists()  # nothing half-stored
+
+
+def test_names_at_the_limit_are_stored_and_run(project: Project, editor: dict[str, str]) -> None:
+    text = SPEC.format(id="a" * 100, scenario="s" * 200, invariant="i" * 200)
+    response = _post("/api/projects/demo/runs", {"source_yaml": text}, editor)
+    assert response.status_code == 202, response.content
+    from evaluations.services.projects import _demo_run_now
+
+    _demo_run_now(response.json()["id"])
+    run = Spec.objects.get().runs.get()
+    assert run.status == "completed", (run.status, run.summary)
+    (execution,) = run.executions.all()
+    assert execution.scenario == "s" * 200
+    assert execution.check_results.get().invariant_id == "i" * 200
