@@ -305,6 +305,10 @@ class Trigger(models.TextChoices):
     SCHEDULE = "schedule"
 
 
+# The labels also stored in a column of their own, and its size (services.runs checks them).
+RUN_LABEL_MAX = {"git_sha": 64, "branch": 255}
+
+
 class Run(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
     # Denormalised from spec_version so trends per spec span its versions with one index.
@@ -314,8 +318,8 @@ class Run(models.Model):
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.WEB)
     labels = models.JSONField(default=dict, blank=True)
     # Indexed copies of labels["git_sha"] / labels["branch"] for filtering.
-    git_sha = models.CharField(max_length=64, blank=True, default="")
-    branch = models.CharField(max_length=255, blank=True, default="")
+    git_sha = models.CharField(max_length=RUN_LABEL_MAX["git_sha"], blank=True, default="")
+    branch = models.CharField(max_length=RUN_LABEL_MAX["branch"], blank=True, default="")
     replicas_override = models.PositiveIntegerField(null=True, blank=True)
     options = models.JSONField(default=dict, blank=True)
     summary = models.JSONField(default=dict, blank=True)

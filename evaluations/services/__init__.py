@@ -83,6 +83,7 @@ if TYPE_CHECKING:
     )
     from evaluations.services.runs import (
         IdempotencyConflict,
+        RunLabelError,
         engine_spec,
         run_cancel,
         run_create,
@@ -182,6 +183,7 @@ _NAMES = {
     ),
     "runs": (
         "IdempotencyConflict",
+        "RunLabelError",
         "engine_spec",
         "run_cancel",
         "run_create",
@@ -216,6 +218,7 @@ __all__ = [
     "ReviewPermissionError",
     "ReviewPolicy",
     "ReviewSubmission",
+    "RunLabelError",
     "TokenError",
     "alert_channel_create",
     "alert_channel_delete",

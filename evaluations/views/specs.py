@@ -394,6 +394,8 @@ def spec_run(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpRes
                 scenarios=list(form.scenarios) or None,
                 created_by=request.user,
             )
+        except services.RunLabelError as exc:  # it names the label
+            errors.append(str(exc))
         except ValueError as exc:  # an unknown scenario name
             errors.append(f"scenarios: {exc}")
     if run is None:

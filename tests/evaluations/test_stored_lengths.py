@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 
 from evaluations import services
-from evaluations.models import Membership, Project, Role, Spec
+from evaluations.models import Membership, Project, Role, Run, Spec
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
@@ -95,3 +95,39 @@ def test_names_at_the_limit_are_stored_and_run(project: Project, editor: dict[st
     (execution,) = run.executions.all()
     assert execution.scenario == "s" * 200
     assert execution.check_results.get().invariant_id == "i" * 200
+
+
+VALID = SPEC.format(id="labelled", scenario="calm", invariant="greets")
+
+
+@pytest.mark.parametrize(("label", "limit"), [("git_sha", 64), ("branch", 255)])
+def test_a_label_too_long_for_its_column_is_a_422_naming_it(
+    project: Project, editor: dict[str, str], label: str, limit: int
+) -> None:
+    body = {"source_yaml": VALID, "labels": {label: "x" * (limit + 1)}}
+    response = _post("/api/projects/demo/runs", body, editor)
+    assert response.status_code == 422, response.content
+    error = response.json()["error"]
+    assert error["field"] == f"labels.{label}"
+    assert error["message"] == f"at most {limit} characters, got {limit + 1}"
+    assert not Run.objects.exists()
+    body["labels"] = {label: "x" * limit}
+    assert _post("/api/projects/demo/runs", body, editor).status_code == 202
+    assert Run.objects.get().labels[label] == "x" * limit
+
+
+def test_the_run_form_names_a_label_too_long_and_keeps_the_labels(
+    project: Project, django_user_model: Any
+) -> None:
+    services.spec_version_create(project=project, source_yaml=VALID)
+    user = django_user_model.objects.create_user(username="web", password="pw-123456")
+    Membership.objects.create(project=project, user=user, role=Role.EDITOR)
+    client = Client()
+    client.force_login(user)
+    labels = "env=staging\nbranch=" + "b" * 256
+    response = client.post("/p/demo/specs/labelled/run/", {"labels": labels})
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert "labels.branch: at most 255 characters, got 256" in page
+    assert "b" * 256 in page  # the text typed is still in the form
+    assert not Run.objects.exists()
