@@ -52,9 +52,14 @@ class Role(models.TextChoices):
 ROLE_RANK = {Role.VIEWER: 1, Role.REVIEWER: 2, Role.EDITOR: 3, Role.ADMIN: 4}
 
 
+# Sizes of a project's name and slug (services.projects checks them).
+PROJECT_NAME_MAX = 200
+PROJECT_SLUG_MAX = 100
+
+
 class Project(models.Model):
-    name = models.CharField(max_length=200)
-    slug = models.SlugField(max_length=100, unique=True)
+    name = models.CharField(max_length=PROJECT_NAME_MAX)
+    slug = models.SlugField(max_length=PROJECT_SLUG_MAX, unique=True)
     # Which judge results go to people, with the keys of a spec's `review:` block; the
     # spec's block wins key by key (services.review_policy_for).
     review_policy = models.JSONField(default=dict, blank=True)
@@ -1104,15 +1109,20 @@ class ChannelKind(models.TextChoices):
     EMAIL = "email", "Email"
 
 
+# Sizes of the alert columns people type into (services.alerts checks them).
+ALERT_NAME_MAX = 100
+ALERT_TARGET_MAX = 1000
+
+
 class AlertChannel(models.Model):
     """Where a project's alerts go. `target` is a URL (webhook, Slack) or a comma-separated
     list of addresses (email). A webhook's signing secret is kept encrypted with a key
     derived from SECRET_KEY (the signature needs the secret itself, so no hash will do)."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="alert_channels")
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=ALERT_NAME_MAX)
     kind = models.CharField(max_length=16, choices=ChannelKind.choices)
-    target = models.CharField(max_length=1000)
+    target = models.CharField(max_length=ALERT_TARGET_MAX)
     secret_encrypted = models.TextField(blank=True, default="", editable=False)
     # Whether the weekly digest goes here too (rules choose their channels themselves).
     digest = models.BooleanField(default=True)
@@ -1140,7 +1150,7 @@ class AlertRule(models.Model):
     runs of the project whose spec and branch are in scope (an empty list: every one)."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="alert_rules")
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=ALERT_NAME_MAX)
     condition = models.CharField(max_length=200)
     window = models.CharField(
         max_length=16, choices=AlertWindow.choices, default=AlertWindow.LAST_RUN

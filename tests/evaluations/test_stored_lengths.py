@@ -131,3 +131,81 @@ def test_the_run_form_names_a_label_too_long_and_keeps_the_labels(
     assert "labels.branch: at most 255 characters, got 256" in page
     assert "b" * 256 in page  # the text typed is still in the form
     assert not Run.objects.exists()
+
+
+def test_an_alert_rule_name_too_long_is_a_422_naming_it(
+    project: Project, editor: dict[str, str]
+) -> None:
+    body = {"name": "r" * 101, "condition": "pass_rate < 0.9"}
+    response = _post("/api/projects/demo/alert-rules", body, editor)
+    assert response.status_code == 422, response.content
+    error = response.json()["error"]
+    assert (error["field"], error["message"]) == ("name", "at most 100 characters, got 101")
+    assert not project.alert_rules.exists()
+
+
+@pytest.fixture
+def admin_client(project: Project, django_user_model: Any) -> Client:
+    user = django_user_model.objects.create_user(
+        username="root", password="pw-123456", is_superuser=True
+    )
+    Membership.objects.create(project=project, user=user, role=Role.ADMIN)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.parametrize(
+    ("form", "message"),
+    [
+        (
+            {"action": "channel_add", "name": "c" * 101, "kind": "email", "target": "a@b.co"},
+            "name: at most 100 characters, got 101",
+        ),
+        (
+            {"action": "channel_add", "name": "ops", "kind": "slack", "target": "https://h/" + "p" * 991},
+            "target: at most 1000 characters, got 1001",
+        ),
+        (
+            # 91 addresses of 10 characters fit typed with bare commas (1000), not stored
+            # with ", " between them (1090).
+            {"action": "channel_add", "name": "ops", "kind": "email", "target": ",".join(["a@bb.co.uk"] * 91)},
+            "target: at most 1000 characters, got 1090",
+        ),
+        (
+            {"action": "rule_add", "name": "r" * 101, "condition": "pass_rate < 0.9", "window": "last_run"},
+            "name: at most 100 characters, got 101",
+        ),
+    ],
+    ids=["channel-name", "channel-url", "channel-addresses", "rule-name"],
+)  # fmt: skip
+def test_the_alerts_form_names_a_value_too_long(
+    project: Project, admin_client: Client, form: dict[str, str], message: str
+) -> None:
+    response = admin_client.post("/p/demo/settings/alerts/", form)
+    assert response.status_code == 400
+    assert f"Not saved: {message}" in response.content.decode()
+    assert not project.alert_channels.exists() and not project.alert_rules.exists()
+
+
+@pytest.mark.parametrize(
+    ("form", "message"),
+    [
+        ({"name": "n" * 201, "slug": "long"}, "name: at most 200 characters, got 201"),
+        ({"name": "Long", "slug": "s" * 101}, "slug: at most 100 characters, got 101"),
+        (
+            {"name": "Spaced", "slug": "has space"},
+            "slug: &#x27;has space&#x27; may contain only letters, digits, dashes and underscores",
+        ),
+    ],
+    ids=["name", "slug-length", "slug-space"],
+)
+def test_a_new_project_name_or_slug_that_cannot_be_stored_is_named(
+    admin_client: Client, form: dict[str, str], message: str
+) -> None:
+    response = admin_client.post("/p/", form)
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert message in page
+    assert form["name"] in page  # what was typed is still in the form
+    assert list(Project.objects.values_list("slug", flat=True)) == ["demo"]
