@@ -321,6 +321,9 @@ def _settings_context(
         "channel_kinds": ChannelKind.choices,
         "digest_day": settings.KEYSTONE_DIGEST_DAY,
         "digest_hour": settings.KEYSTONE_DIGEST_HOUR,
+        # The alert forms, empty (a refused one comes back filled: project_alerts).
+        "channel_form": {"digest": True},
+        "rule_form": {"channels": []},
         **extra,
     }
 
@@ -423,6 +426,35 @@ def _alert_action(request: HttpRequest, access: ProjectAccess) -> str:
     raise services.AlertError(f"unknown action {action!r}")
 
 
+def _refused_alert_form(request: HttpRequest) -> dict[str, Any]:
+    """The refused channel or rule form as it was typed: the page used to come back empty,
+    so a typo in a condition cost the name, the scopes and the channels chosen too. The
+    secret is not among them: it is never written into a page."""
+    post = request.POST
+    action = post.get("action", "")
+    if action == "channel_add":
+        return {
+            "channel_form": {
+                "name": post.get("name", ""),
+                "kind": post.get("kind", ""),
+                "target": post.get("target", ""),
+                "digest": post.get("digest") == "on",
+            }
+        }
+    if action == "rule_add":
+        return {
+            "rule_form": {
+                "name": post.get("name", ""),
+                "condition": post.get("condition", ""),
+                "window": post.get("window", ""),
+                "specs": post.get("specs", ""),
+                "branches": post.get("branches", ""),
+                "channels": [int(i) for i in post.getlist("channels") if i.isdigit()],
+            }
+        }
+    return {}
+
+
 @login_required
 @require_POST
 def project_alerts(request: HttpRequest, project_slug: str) -> HttpResponse:
@@ -435,6 +467,7 @@ def project_alerts(request: HttpRequest, project_slug: str) -> HttpResponse:
     except services.AlertError as exc:
         extra["alert_error"] = str(exc)
         status = refusal_status(request, 400)
+        extra.update(_refused_alert_form(request))
     context = _settings_context(request, access, **extra)
     template = page_or_region(request, "projects/settings.html", "alerts")
     return render(request, template, context, status=status)
