@@ -92,7 +92,7 @@ if TYPE_CHECKING:
         run_sweep_stuck,
         run_warning_add,
     )
-    from evaluations.services.specs import spec_version_create
+    from evaluations.services.specs import SpecVersionConflict, spec_version_create
     from evaluations.services.tokens import (
         TokenError,
         personal_token_issue,
@@ -192,7 +192,7 @@ _NAMES = {
         "run_sweep_stuck",
         "run_warning_add",
     ),
-    "specs": ("spec_version_create",),
+    "specs": ("SpecVersionConflict", "spec_version_create"),
     "tokens": (
         "TokenError",
         "personal_token_issue",
@@ -219,6 +219,7 @@ __all__ = [
     "ReviewPolicy",
     "ReviewSubmission",
     "RunLabelError",
+    "SpecVersionConflict",
     "TokenError",
     "alert_channel_create",
     "alert_channel_delete",

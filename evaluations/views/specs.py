@@ -262,7 +262,14 @@ def spec_edit(
     latest = selectors.spec_latest_version(spec) if spec else None
     errors: list[SpecError] = []
     status = 200
+    # The version the text on the page was edited from: saving it after someone else saved
+    # a newer one is refused (SpecVersionConflict) rather than silently undoing theirs.
+    base = latest.number if latest is not None else None
     if request.method == "POST":
+        submitted_base = request.POST.get("base", "")
+        # Not a version number (a form from before this field, or tampered with): no check.
+        is_number = submitted_base.isascii() and submitted_base.isdigit()
+        base = int(submitted_base) if is_number and len(submitted_base) <= 9 else None
         source, name, errors = _submitted_source(request)
         if not errors:
             errors = _spec_errors(source, spec, name)
@@ -277,9 +284,14 @@ def spec_edit(
                     # A spec read from files (CLI, demo) keeps its directory: its relative
                     # paths (sandbox.workspace: ../agents) resolve as they did.
                     base_dir=latest.base_dir if latest is not None else "",
+                    based_on=base if spec is not None else None,
                 )
             except SpecValidationError as exc:
                 errors = exc.errors
+            except services.SpecVersionConflict as exc:
+                errors = [SpecError("", str(exc), None, None)]
+                # Saving again is a decision taken knowing the newer version: it goes through.
+                latest, base = exc.latest, exc.latest.number
             else:
                 if version.created < saved_from:
                     messages.info(
@@ -300,6 +312,7 @@ def spec_edit(
         "access": access,
         "spec": spec,
         "latest": latest,
+        "base": base,
         "source": source,
         "errors": errors,
         "checked": request.method == "POST",
