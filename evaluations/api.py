@@ -338,6 +338,9 @@ def _run_queue(
         raise ApiConflict(str(exc), field="Idempotency-Key") from None
     except policy.PolicyError as exc:  # more executions than this server allows
         raise ApiInputError("replicas", str(exc)) from None
+    except services.RunLabelError as exc:  # "labels.branch: at most 255 characters, ..."
+        field, _, message = str(exc).partition(": ")
+        raise ApiInputError(field, message) from None
     except ValueError as exc:  # an unknown scenario name
         raise ApiInputError("scenarios", str(exc)) from None
     return Status(202, run_created_out(request, run))

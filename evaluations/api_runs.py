@@ -38,6 +38,7 @@ from evaluations.models import (
     Run,
     Trigger,
 )
+from evaluations.numbers import whole_number
 
 # The content type of each kind of blob; a `file` is typed by its name.
 ARTIFACT_CONTENT_TYPES = {
@@ -151,9 +152,10 @@ def _cursor(token: str) -> int | None:
     """The execution list's cursor is the last id of the page before, as text."""
     if not token:
         return None
-    if not token.isdigit() or len(token) > 18:
+    cursor = whole_number(token)
+    if cursor is None:
         raise ApiInputError("cursor", f"{token[:40]!r} is not an execution list cursor")
-    return int(token)
+    return cursor
 
 
 @router.get(

@@ -23,6 +23,7 @@ from django.utils.text import get_valid_filename
 from checks.planning import EXECUTION_KEY_MAX, execution_key
 from checks.results import CheckResult as EngineCheckResult
 from checks.results import FailureCode
+from checks.spec.semantics import INVARIANT_ID_MAX, SCENARIO_NAME_MAX, SPEC_ID_MAX
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -51,9 +52,14 @@ class Role(models.TextChoices):
 ROLE_RANK = {Role.VIEWER: 1, Role.REVIEWER: 2, Role.EDITOR: 3, Role.ADMIN: 4}
 
 
+# Sizes of a project's name and slug (services.projects checks them).
+PROJECT_NAME_MAX = 200
+PROJECT_SLUG_MAX = 100
+
+
 class Project(models.Model):
-    name = models.CharField(max_length=200)
-    slug = models.SlugField(max_length=100, unique=True)
+    name = models.CharField(max_length=PROJECT_NAME_MAX)
+    slug = models.SlugField(max_length=PROJECT_SLUG_MAX, unique=True)
     # Which judge results go to people, with the keys of a spec's `review:` block; the
     # spec's block wins key by key (services.review_policy_for).
     review_policy = models.JSONField(default=dict, blank=True)
@@ -202,7 +208,7 @@ class ApiToken(models.Model):
 
 class Spec(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="specs")
-    slug = models.SlugField(max_length=100, help_text="The spec's `id` (kebab-case).")
+    slug = models.SlugField(max_length=SPEC_ID_MAX, help_text="The spec's `id` (kebab-case).")
     name = models.CharField(max_length=200, blank=True)
     created = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -304,6 +310,10 @@ class Trigger(models.TextChoices):
     SCHEDULE = "schedule"
 
 
+# The labels also stored in a column of their own, and its size (services.runs checks them).
+RUN_LABEL_MAX = {"git_sha": 64, "branch": 255}
+
+
 class Run(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
     # Denormalised from spec_version so trends per spec span its versions with one index.
@@ -313,8 +323,8 @@ class Run(models.Model):
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.WEB)
     labels = models.JSONField(default=dict, blank=True)
     # Indexed copies of labels["git_sha"] / labels["branch"] for filtering.
-    git_sha = models.CharField(max_length=64, blank=True, default="")
-    branch = models.CharField(max_length=255, blank=True, default="")
+    git_sha = models.CharField(max_length=RUN_LABEL_MAX["git_sha"], blank=True, default="")
+    branch = models.CharField(max_length=RUN_LABEL_MAX["branch"], blank=True, default="")
     replicas_override = models.PositiveIntegerField(null=True, blank=True)
     options = models.JSONField(default=dict, blank=True)
     summary = models.JSONField(default=dict, blank=True)
@@ -420,7 +430,7 @@ class Execution(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="executions")
     # Identity of the cell within its run (see build_key); unique per run.
     key = models.CharField(max_length=EXECUTION_KEY_MAX, editable=False)
-    scenario = models.CharField(max_length=200)
+    scenario = models.CharField(max_length=SCENARIO_NAME_MAX)
     prompt_index = models.PositiveIntegerField(default=0)
     prompt = models.TextField(blank=True)
     replica = models.PositiveIntegerField(default=0, help_text="0-based replica number.")
@@ -428,7 +438,7 @@ class Execution(models.Model):
     pillar = models.CharField(max_length=16, choices=Pillar.choices, default=Pillar.CONTRACT)
     mutation_type = models.CharField(max_length=64, blank=True, default="")
     # NULL unless the spec asks for per_invariant isolation (one execution per invariant).
-    invariant_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    invariant_id = models.CharField(max_length=INVARIANT_ID_MAX, null=True, blank=True)  # noqa: DJ001
     status = models.CharField(
         max_length=16, choices=ExecutionStatus.choices, default=ExecutionStatus.PENDING
     )
@@ -593,7 +603,7 @@ class CheckResult(models.Model):
 
     execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="check_results")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="check_results")
-    invariant_id = models.CharField(max_length=200)
+    invariant_id = models.CharField(max_length=INVARIANT_ID_MAX)
     check_type = models.CharField(max_length=64)
     score = models.FloatField()
     passed = models.BooleanField()
@@ -727,7 +737,7 @@ class BaselineCell(models.Model):
 
     baseline = models.ForeignKey(Baseline, on_delete=models.CASCADE, related_name="cells")
     key = models.CharField(max_length=EXECUTION_KEY_MAX)  # Execution.key: the match
-    scenario = models.CharField(max_length=200)
+    scenario = models.CharField(max_length=SCENARIO_NAME_MAX)
     prompt_index = models.PositiveIntegerField(default=0)
     replica = models.PositiveIntegerField(default=0)
     pillar = models.CharField(max_length=16, default=Pillar.CONTRACT)
@@ -799,7 +809,7 @@ class ReviewItem(models.Model):
     check_result = models.ForeignKey(
         CheckResult, on_delete=models.CASCADE, related_name="review_items"
     )
-    invariant_id = models.CharField(max_length=200)
+    invariant_id = models.CharField(max_length=INVARIANT_ID_MAX)
     criteria = models.TextField(blank=True, default="")
     judge_model = models.CharField(max_length=200, blank=True, default="")
     prompt_version = models.CharField(max_length=64, blank=True, default="")
@@ -1064,7 +1074,7 @@ class ResultChange(models.Model):
     check_result = models.ForeignKey(
         CheckResult, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
     )
-    invariant_id = models.CharField(max_length=200)
+    invariant_id = models.CharField(max_length=INVARIANT_ID_MAX)
     review_item = models.ForeignKey(
         ReviewItem, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
     )
@@ -1099,15 +1109,20 @@ class ChannelKind(models.TextChoices):
     EMAIL = "email", "Email"
 
 
+# Sizes of the alert columns people type into (services.alerts checks them).
+ALERT_NAME_MAX = 100
+ALERT_TARGET_MAX = 1000
+
+
 class AlertChannel(models.Model):
     """Where a project's alerts go. `target` is a URL (webhook, Slack) or a comma-separated
     list of addresses (email). A webhook's signing secret is kept encrypted with a key
     derived from SECRET_KEY (the signature needs the secret itself, so no hash will do)."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="alert_channels")
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=ALERT_NAME_MAX)
     kind = models.CharField(max_length=16, choices=ChannelKind.choices)
-    target = models.CharField(max_length=1000)
+    target = models.CharField(max_length=ALERT_TARGET_MAX)
     secret_encrypted = models.TextField(blank=True, default="", editable=False)
     # Whether the weekly digest goes here too (rules choose their channels themselves).
     digest = models.BooleanField(default=True)
@@ -1135,7 +1150,7 @@ class AlertRule(models.Model):
     runs of the project whose spec and branch are in scope (an empty list: every one)."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="alert_rules")
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=ALERT_NAME_MAX)
     condition = models.CharField(max_length=200)
     window = models.CharField(
         max_length=16, choices=AlertWindow.choices, default=AlertWindow.LAST_RUN

@@ -19,10 +19,18 @@ from checks.spec.schema import Problem, suggestion
 
 DATABASE_KINDS = ("postgres", "mysql", "sqlite")
 WEIGHT_TOLERANCE = 1e-6
+# The names a run stores in fixed-size database columns (evaluations.models uses these
+# constants): a longer one was accepted here and then refused by PostgreSQL in the middle
+# of storing the spec, planning the run or writing an execution's results (a 500, a run
+# queued for ever, an execution running for ever). It is refused here, at its line.
+SPEC_ID_MAX = 100
+SCENARIO_NAME_MAX = 200
+INVARIANT_ID_MAX = 200
 
 
 def semantic_problems(data: dict[str, Any], spec_dir: Path | None = None) -> Iterator[Problem]:
     services = _services(data)
+    yield from _stored_name_rules(data)
     yield from _task_rules(data)
     yield from _service_rules(data)
     yield from _tool_rules(data, services)
@@ -76,6 +84,33 @@ def _regex(value: Any, path: tuple[Any, ...]) -> Iterator[Problem]:
             re.compile(value)
     except (re.error, OverflowError, RecursionError) as exc:
         yield Problem(path, f"invalid regular expression: {exc}")
+
+
+def _too_long(value: Any, limit: int) -> str | None:
+    if isinstance(value, str) and len(value) > limit:
+        return f"at most {limit} characters, got {len(value)}"
+    return None
+
+
+def _stored_name_rules(data: dict[str, Any]) -> Iterator[Problem]:
+    """The spec's id, invariant ids and scenario names fit the columns that store them."""
+    problem = _too_long(data.get("id"), SPEC_ID_MAX)
+    if problem:
+        yield Problem(("id",), f"the spec id is too long: {problem}")
+    for invariant_id in _dict(data.get("invariants")):
+        problem = _too_long(invariant_id, INVARIANT_ID_MAX)
+        if problem:
+            yield Problem(
+                ("invariants", invariant_id),
+                f"the invariant id is too long: {problem}",
+                at_key=True,
+            )
+    for index, scenario in enumerate(_list(data.get("chaos_matrix"))):
+        problem = _too_long(_dict(scenario).get("name"), SCENARIO_NAME_MAX)
+        if problem:
+            yield Problem(
+                ("chaos_matrix", index, "name"), f"the scenario name is too long: {problem}"
+            )
 
 
 def _task_rules(data: dict[str, Any]) -> Iterator[Problem]:

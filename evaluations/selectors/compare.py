@@ -17,6 +17,7 @@ from checks.report_model import RunSummary
 from checks.scoring import score_run
 from checks.spec.model import Spec as EngineSpec
 from evaluations.models import RUN_TERMINAL_STATUSES, Execution, Run
+from evaluations.numbers import whole_number
 from evaluations.selectors.baselines import active_baseline_for
 from evaluations.selectors.records import run_records
 
@@ -39,12 +40,10 @@ def comparison_reference(after: Run, against: str) -> Run:
             raise ComparisonRefused(f"the baseline {baseline.name!r} has lost its run (deleted)")
         before_id = baseline.run_id
     else:
-        try:
-            before_id = int(against)
-        except ValueError:
-            raise ComparisonRefused(
-                f"compare against 'baseline' or a run id, not {against!r}"
-            ) from None
+        number = whole_number(against)
+        if number is None:
+            raise ComparisonRefused(f"compare against 'baseline' or a run id, not {against!r}")
+        before_id = number
     before = (
         Run.objects.select_related("spec", "spec_version")
         .defer("summary", "spec_version__source_yaml")
@@ -208,10 +207,11 @@ def _tool_line(call: Any) -> str:
 def pair_cursor(text: str) -> tuple[int, int]:
     """A `cursor=` value (RANK-ID, as PairPage.next_cursor gives it) read back; ValueError
     with a message naming what is wrong."""
-    rank, _, pk = text.partition("-")
-    if not (rank.isdigit() and pk.isdigit() and int(rank) <= RANK_OTHER):
+    rank_text, _, pk_text = text.partition("-")
+    rank, pk = whole_number(rank_text), whole_number(pk_text)
+    if rank is None or pk is None or rank > RANK_OTHER:
         raise ValueError(f"cursor={text!r} is not a page of this comparison (RANK-ID)")
-    return int(rank), int(pk)
+    return rank, pk
 
 
 def _differing_sql() -> str:

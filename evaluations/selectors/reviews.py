@@ -24,6 +24,7 @@ from evaluations.models import (
     ReviewVerdict,
     Spec,
 )
+from evaluations.numbers import whole_number
 from evaluations.selectors.bounds import capped_counts
 from evaluations.selectors.executions import LLM_MESSAGES_SHOWN, message_line
 from evaluations.selectors.runs import RunCursor
@@ -48,7 +49,7 @@ class ReviewFilters:
         run = str(query.get("run") or "").strip()
         return cls(
             spec=str(query.get("spec") or "").strip(),
-            run=int(run) if run.isdigit() else None,
+            run=whole_number(run),
             criteria=str(query.get("criteria") or "").strip(),
         )
 

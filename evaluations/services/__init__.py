@@ -83,6 +83,7 @@ if TYPE_CHECKING:
     )
     from evaluations.services.runs import (
         IdempotencyConflict,
+        RunLabelError,
         engine_spec,
         run_cancel,
         run_create,
@@ -91,7 +92,7 @@ if TYPE_CHECKING:
         run_sweep_stuck,
         run_warning_add,
     )
-    from evaluations.services.specs import spec_version_create
+    from evaluations.services.specs import SpecVersionConflict, spec_version_create
     from evaluations.services.tokens import (
         TokenError,
         personal_token_issue,
@@ -182,6 +183,7 @@ _NAMES = {
     ),
     "runs": (
         "IdempotencyConflict",
+        "RunLabelError",
         "engine_spec",
         "run_cancel",
         "run_create",
@@ -190,7 +192,7 @@ _NAMES = {
         "run_sweep_stuck",
         "run_warning_add",
     ),
-    "specs": ("spec_version_create",),
+    "specs": ("SpecVersionConflict", "spec_version_create"),
     "tokens": (
         "TokenError",
         "personal_token_issue",
@@ -216,6 +218,8 @@ __all__ = [
     "ReviewPermissionError",
     "ReviewPolicy",
     "ReviewSubmission",
+    "RunLabelError",
+    "SpecVersionConflict",
     "TokenError",
     "alert_channel_create",
     "alert_channel_delete",

@@ -34,6 +34,8 @@ from django.utils import timezone
 
 from evaluations import queue
 from evaluations.models import (
+    ALERT_NAME_MAX,
+    ALERT_TARGET_MAX,
     AlertChannel,
     AlertEvaluation,
     AlertFiring,
@@ -92,16 +94,26 @@ def channel_secret(channel: AlertChannel) -> str:
         ) from None
 
 
+def _check_length(field: str, value: str, limit: int) -> None:
+    """A name or target longer than its column: PostgreSQL refused the whole row with a
+    500 that named no field; this names it."""
+    if len(value) > limit:
+        raise AlertError(f"{field}: at most {limit} characters, got {len(value)}")
+
+
 def _check_target(kind: str, target: str) -> str:
     target = target.strip()
     if kind in (ChannelKind.WEBHOOK, ChannelKind.SLACK):
         if not re.match(r"^https?://[^\s/]+", target):
             raise AlertError(f"target {target!r}: a {kind} channel needs an http(s):// URL")
+        _check_length("target", target, ALERT_TARGET_MAX)
         return target
     addresses = [a.strip() for a in target.split(",") if a.strip()]
     bad = [a for a in addresses if not _EMAIL.match(a)]
     if not addresses or bad:
         raise AlertError(f"target {target!r}: not an email address: {', '.join(bad) or '(none)'}")
+    # The stored list (", " between addresses) is what must fit.
+    _check_length("target", ", ".join(addresses), ALERT_TARGET_MAX)
     return ", ".join(addresses)
 
 
@@ -117,6 +129,7 @@ def alert_channel_create(
     name = name.strip()
     if not name:
         raise AlertError("name: a channel needs a name")
+    _check_length("name", name, ALERT_NAME_MAX)
     if kind not in ChannelKind.values:
         raise AlertError(f"kind {kind!r}: use one of {', '.join(ChannelKind.values)}")
     if AlertChannel.objects.filter(project=project, name=name).exists():
@@ -151,6 +164,7 @@ def alert_rule_create(
     name = name.strip()
     if not name:
         raise AlertError("name: a rule needs a name")
+    _check_length("name", name, ALERT_NAME_MAX)
     try:
         parsed = parse_condition(condition)
     except AlertConditionError as exc:

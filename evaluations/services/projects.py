@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -11,11 +12,16 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from evaluations.models import (
+    PROJECT_NAME_MAX,
+    PROJECT_SLUG_MAX,
     Membership,
     Project,
     Role,
 )
 from evaluations.services.specs import spec_version_create
+
+# What the URLs accept as a project slug (Django's `slug` path converter).
+_SLUG = re.compile(r"[-a-zA-Z0-9_]+")
 
 
 class MembershipError(ValueError):
@@ -29,6 +35,17 @@ def project_create(*, name: str, slug: str, created_by: Any) -> Project:
         raise MembershipError("The project needs a name.")
     if not slug:
         raise MembershipError("The project needs a slug (letters, digits and dashes).")
+    # Checked here, not by the database: PostgreSQL refused a long name or slug with a 500,
+    # and a slug with a space or a slash was stored, then every link to the project (the
+    # redirect after creating it first) failed to build.
+    if len(name) > PROJECT_NAME_MAX:
+        raise MembershipError(f"name: at most {PROJECT_NAME_MAX} characters, got {len(name)}")
+    if len(slug) > PROJECT_SLUG_MAX:
+        raise MembershipError(f"slug: at most {PROJECT_SLUG_MAX} characters, got {len(slug)}")
+    if not _SLUG.fullmatch(slug):
+        raise MembershipError(
+            f"slug: {slug!r} may contain only letters, digits, dashes and underscores"
+        )
     with transaction.atomic():
         if Project.objects.filter(slug=slug).exists():
             raise MembershipError(f"A project with the slug {slug!r} already exists.")

@@ -20,6 +20,7 @@ from checks.planning import (
 from checks.spec.model import Spec as EngineSpec
 from evaluations import policy, queue
 from evaluations.models import (
+    RUN_LABEL_MAX,
     RUN_TERMINAL_STATUSES,
     Execution,
     ExecutionStatus,
@@ -59,6 +60,7 @@ def run_create(
         if earlier is not None:
             return earlier
     labels = {str(k): str(v) for k, v in (labels or {}).items()}
+    _check_label_lengths(labels)
     if scenarios:
         known = {
             s["name"] for s in spec_version.parsed.get("chaos_matrix") or [{"name": "no-chaos"}]
@@ -112,6 +114,19 @@ def run_create(
     if enqueue:
         queue.run_plan_later(run.pk)
     return run
+
+
+class RunLabelError(ValueError):
+    """A label the run cannot store; the message starts with the label's name."""
+
+
+def _check_label_lengths(labels: dict[str, str]) -> None:
+    """The git_sha and branch labels are also stored in columns of fixed size: a longer
+    value reached PostgreSQL, which refused the whole run (a 500) without saying which."""
+    for name, limit in RUN_LABEL_MAX.items():
+        value = labels.get(name, "")
+        if len(value) > limit:
+            raise RunLabelError(f"labels.{name}: at most {limit} characters, got {len(value)}")
 
 
 class IdempotencyConflict(ValueError):

@@ -16,6 +16,21 @@ from evaluations.models import (
 )
 
 
+class SpecVersionConflict(ValueError):
+    """The text was edited from a version that is no longer the latest: saving it would
+    replace the newer version's changes without its editor having seen them."""
+
+    def __init__(self, latest: SpecVersion, based_on: int) -> None:
+        by = f" by {latest.author.get_username()}" if latest.author else ""
+        super().__init__(
+            f"version {latest.number} of {latest.spec.slug} was saved{by} after you opened "
+            f"version {based_on}: saving your text would undo its changes. Compare "
+            f"v{based_on} with v{latest.number}, then save again to keep your text as it is."
+        )
+        self.latest = latest
+        self.based_on = based_on
+
+
 def spec_version_create(
     *,
     project: Project,
@@ -24,9 +39,12 @@ def spec_version_create(
     source_name: str = "spec.yaml",
     base_dir: str = "",
     read_from_files: bool = False,
+    based_on: int | None = None,
 ) -> SpecVersion:
     """Validate and store a spec's text. The same text again returns the existing version;
-    a changed text under the same `id` becomes version N+1. Invalid text is never stored."""
+    a changed text under the same `id` becomes version N+1. Invalid text is never stored.
+    `based_on`: the version number the text was edited from (the editor page); when a
+    newer one was saved meanwhile, SpecVersionConflict, and nothing is stored."""
     data, errors = validate_spec_text(source_yaml, source=source_name)
     if errors or data is None:
         raise SpecValidationError(errors, source_name)
@@ -51,6 +69,10 @@ def spec_version_create(
         latest = spec.latest_version()
         if existing is not None and latest is not None and existing.pk == latest.pk:
             return existing
+        # Checked under the spec's lock: of two people saving edits of one version, the
+        # second is told, whichever order their requests reach the database in.
+        if based_on is not None and latest is not None and latest.number != based_on:
+            raise SpecVersionConflict(latest, based_on)
         number = (latest.number if latest else 0) + 1
         return SpecVersion.objects.create(
             spec=spec,

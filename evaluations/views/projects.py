@@ -22,6 +22,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from evaluations import charts, policy, queue, selectors, services
 from evaluations.access import ProjectAccess, project_for, projects_of
 from evaluations.models import RUN_TERMINAL_STATUSES, AlertWindow, ChannelKind, Role
+from evaluations.numbers import whole_number
 from evaluations.templatetags.keystone import fixed, local_minute, percent
 from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
 
@@ -181,10 +182,9 @@ def _member_action(request: HttpRequest, access: ProjectAccess) -> tuple[str, st
         )
         name = membership.user.get_username()
         return f"Account {name} created and added as {membership.role}.", password
-    try:
-        membership_id = int(request.POST.get("membership", ""))
-    except ValueError:
-        raise services.MembershipError("No member was chosen.") from None
+    membership_id = whole_number(request.POST.get("membership"))
+    if membership_id is None:
+        raise services.MembershipError("No member was chosen.")
     if action == "set_role":
         membership = services.membership_set_role(
             project=project, membership_id=membership_id, role=request.POST.get("role", "")
@@ -321,6 +321,9 @@ def _settings_context(
         "channel_kinds": ChannelKind.choices,
         "digest_day": settings.KEYSTONE_DIGEST_DAY,
         "digest_hour": settings.KEYSTONE_DIGEST_HOUR,
+        # The alert forms, empty (a refused one comes back filled: project_alerts).
+        "channel_form": {"digest": True},
+        "rule_form": {"channels": []},
         **extra,
     }
 
@@ -356,10 +359,10 @@ def project_tokens(request: HttpRequest, project_slug: str) -> HttpResponse:
                 f"Token {token.name} issued. Copy it now: it is not shown again."
             )
         elif action == "revoke":
-            token_id = request.POST.get("token", "")
-            if not token_id.isdigit():
+            token_id = whole_number(request.POST.get("token"))
+            if token_id is None:
                 raise services.TokenError("no token was chosen")
-            token = services.token_revoke(project=project, token_id=int(token_id))
+            token = services.token_revoke(project=project, token_id=token_id)
             extra["token_notice"] = f"Token {token.name} revoked."
         else:
             raise services.TokenError(f"unknown action {action!r}: issue or revoke")
@@ -380,6 +383,12 @@ def _split(text: str) -> list[str]:
     return [part.strip() for part in text.replace("\n", ",").split(",") if part.strip()]
 
 
+def _channel_ids(request: HttpRequest) -> list[int]:
+    """The channels ticked (a value that is no row id matches no channel)."""
+    ids = (whole_number(value) for value in request.POST.getlist("channels"))
+    return [i for i in ids if i is not None]
+
+
 def _alert_action(request: HttpRequest, access: ProjectAccess) -> str:
     """Do what the form asks; returns the notice. Raises services.AlertError when refused."""
     project, post = access.project, request.POST
@@ -395,7 +404,7 @@ def _alert_action(request: HttpRequest, access: ProjectAccess) -> str:
         )
         return f"Channel {channel.name} added."
     if action == "rule_add":
-        channel_ids = [int(i) for i in post.getlist("channels") if i.isdigit()]
+        channel_ids = _channel_ids(request)
         rule = services.alert_rule_create(
             project=project,
             name=post.get("name", ""),
@@ -406,21 +415,50 @@ def _alert_action(request: HttpRequest, access: ProjectAccess) -> str:
             channel_ids=channel_ids,
         )
         return f"Rule {rule.name} added."
-    target = post.get("id", "")
-    if not target.isdigit():
+    target = whole_number(post.get("id"))
+    if target is None:
         raise services.AlertError(f"unknown action {action!r} or no row chosen")
     if action == "rule_delete":
-        services.alert_rule_delete(project=project, rule_id=int(target))
+        services.alert_rule_delete(project=project, rule_id=target)
         return "Rule deleted."
     if action == "channel_delete":
-        services.alert_channel_delete(project=project, channel_id=int(target))
+        services.alert_channel_delete(project=project, channel_id=target)
         return "Channel deleted (with its rules' firings to it)."
     if action == "resend":
-        if not services.firing_resend(project=project, firing_id=int(target)):
+        if not services.firing_resend(project=project, firing_id=target):
             raise services.AlertError("only a failed firing can be sent again")
-        queue.firing_deliver_later(int(target))
+        queue.firing_deliver_later(target)
         return "Firing queued to be sent again."
     raise services.AlertError(f"unknown action {action!r}")
+
+
+def _refused_alert_form(request: HttpRequest) -> dict[str, Any]:
+    """The refused channel or rule form as it was typed: the page used to come back empty,
+    so a typo in a condition cost the name, the scopes and the channels chosen too. The
+    secret is not among them: it is never written into a page."""
+    post = request.POST
+    action = post.get("action", "")
+    if action == "channel_add":
+        return {
+            "channel_form": {
+                "name": post.get("name", ""),
+                "kind": post.get("kind", ""),
+                "target": post.get("target", ""),
+                "digest": post.get("digest") == "on",
+            }
+        }
+    if action == "rule_add":
+        return {
+            "rule_form": {
+                "name": post.get("name", ""),
+                "condition": post.get("condition", ""),
+                "window": post.get("window", ""),
+                "specs": post.get("specs", ""),
+                "branches": post.get("branches", ""),
+                "channels": _channel_ids(request),
+            }
+        }
+    return {}
 
 
 @login_required
@@ -435,6 +473,7 @@ def project_alerts(request: HttpRequest, project_slug: str) -> HttpResponse:
     except services.AlertError as exc:
         extra["alert_error"] = str(exc)
         status = refusal_status(request, 400)
+        extra.update(_refused_alert_form(request))
     context = _settings_context(request, access, **extra)
     template = page_or_region(request, "projects/settings.html", "alerts")
     return render(request, template, context, status=status)

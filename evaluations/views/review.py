@@ -36,6 +36,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
 from evaluations.models import CheckResult, ReviewItem, ReviewStatus, ReviewVerdict, Role, Spec
+from evaluations.numbers import whole_number
 from evaluations.selectors import ReviewFilters
 from evaluations.templatetags.keystone import fixed, local_minute
 from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
@@ -223,11 +224,12 @@ def _item_or_404(access: ProjectAccess, item_id: int) -> ReviewItem:
 def _reveal(access: ProjectAccess, user: Any, item_id: Any) -> dict[str, Any] | None:
     """The item just graded, judge included, once the reviewer has answered (blind mode
     hides the judge until then)."""
-    if not str(item_id or "").isdigit():
+    number = whole_number(item_id)
+    if number is None:
         return None
     verdict = (
         ReviewVerdict.objects.select_related("item__check_result")
-        .filter(item_id=int(item_id), item__project=access.project, reviewer=user)
+        .filter(item_id=number, item__project=access.project, reviewer=user)
         .first()
     )
     if verdict is None:

@@ -35,6 +35,7 @@ from checks import reporters
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
 from evaluations.models import Role, Run, RunStatus
+from evaluations.numbers import whole_number
 from evaluations.templatetags.keystone import (
     fixed,
     iso,
@@ -269,7 +270,7 @@ def _run_context(access: ProjectAccess, run: Run, summary: dict[str, Any]) -> di
             round(100 * run.executions_done / run.execution_count) if run.execution_count else 0
         ),
         # A label anyone can set (--label rerun_of=...): linked only when it is a run id.
-        "rerun_of": rerun_of if rerun_of.isdigit() else "",
+        "rerun_of": rerun_of if whole_number(rerun_of) is not None else "",
         # Only an ended run can be (or be compared with) the spec's baseline.
         "baseline": selectors.spec_active_baseline(run.spec_id, run.branch) if terminal else None,
     }
@@ -314,12 +315,13 @@ def run_cell(request: HttpRequest, project_slug: str, run_id: int) -> HttpRespon
             content_type="text/plain",
         )
     after_text = request.GET.get("after", "0") or "0"
-    if not after_text.isdigit():
+    after = whole_number(after_text)
+    if after is None:
         return HttpResponseBadRequest(
             f"run_cell: after={after_text!r} is not an execution id", content_type="text/plain"
         )
     rows, next_after = selectors.run_cell_rows(
-        run, scenario=scenario, invariant=invariant, after=int(after_text)
+        run, scenario=scenario, invariant=invariant, after=after
     )
     context = {
         "access": access,
@@ -583,10 +585,9 @@ def run_compare_pick(request: HttpRequest, project_slug: str) -> HttpResponse:
     compared with it. Anything but two runs of this project goes back to the list, told."""
     access = project_for(request, project_slug)
     picked = request.GET.getlist("run")
+    ids = [i for i in map(whole_number, picked) if i is not None]
     runs = [
-        run
-        for run in (selectors.run_in_project(access.project, int(v)) for v in picked if v.isdigit())
-        if run is not None
+        run for run in (selectors.run_in_project(access.project, i) for i in ids) if run is not None
     ]
     if len(picked) != 2 or len(runs) != 2:
         messages.error(

@@ -23,6 +23,7 @@ from checks.spec.loader import load_yaml
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
 from evaluations.models import Role, Run, Spec, SpecVersion, Trigger
+from evaluations.numbers import whole_number
 from evaluations.templatetags.keystone import fixed, iso, local_minute, percent
 from evaluations.views.htmx import is_htmx, page_or_region, refusal_status
 
@@ -156,9 +157,10 @@ def _version_number(request: HttpRequest, name: str) -> int | None:
     raw = request.GET.get(name, "").strip().lstrip("v")
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    number = whole_number(raw)
+    if number is None or number < 1:
         raise ValueError(f"{name}={request.GET.get(name)!r} is not a version number (1, 2, ...)")
-    return int(raw)
+    return number
 
 
 @login_required
@@ -262,7 +264,12 @@ def spec_edit(
     latest = selectors.spec_latest_version(spec) if spec else None
     errors: list[SpecError] = []
     status = 200
+    # The version the text on the page was edited from: saving it after someone else saved
+    # a newer one is refused (SpecVersionConflict) rather than silently undoing theirs.
+    base = latest.number if latest is not None else None
     if request.method == "POST":
+        # Not a version number (a form from before this field, or tampered with): no check.
+        base = whole_number(request.POST.get("base"))
         source, name, errors = _submitted_source(request)
         if not errors:
             errors = _spec_errors(source, spec, name)
@@ -277,9 +284,14 @@ def spec_edit(
                     # A spec read from files (CLI, demo) keeps its directory: its relative
                     # paths (sandbox.workspace: ../agents) resolve as they did.
                     base_dir=latest.base_dir if latest is not None else "",
+                    based_on=base if spec is not None else None,
                 )
             except SpecValidationError as exc:
                 errors = exc.errors
+            except services.SpecVersionConflict as exc:
+                errors = [SpecError("", str(exc), None, None)]
+                # Saving again is a decision taken knowing the newer version: it goes through.
+                latest, base = exc.latest, exc.latest.number
             else:
                 if version.created < saved_from:
                     messages.info(
@@ -300,6 +312,7 @@ def spec_edit(
         "access": access,
         "spec": spec,
         "latest": latest,
+        "base": base,
         "source": source,
         "errors": errors,
         "checked": request.method == "POST",
@@ -364,8 +377,9 @@ def spec_run(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpRes
     errors: list[str] = []
     version = None
     if form.version:
-        if form.version.isdigit():
-            version = SpecVersion.objects.filter(spec=spec, number=int(form.version)).first()
+        number = whole_number(form.version)
+        if number is not None:
+            version = SpecVersion.objects.filter(spec=spec, number=number).first()
         if version is None:
             errors.append(f"version: {spec.slug} has no version {form.version!r}")
     else:
@@ -374,10 +388,10 @@ def spec_run(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpRes
             errors.append(f"version: {spec.slug} has no version to run")
     replicas: int | None = None
     if form.replicas:
-        if not form.replicas.isdigit() or not 1 <= int(form.replicas) <= RUN_REPLICAS_MAX:
+        replicas = whole_number(form.replicas)
+        if replicas is None or not 1 <= replicas <= RUN_REPLICAS_MAX:
             errors.append(f"replicas: expected a whole number from 1 to {RUN_REPLICAS_MAX}")
-        else:
-            replicas = int(form.replicas)
+            replicas = None
     try:
         labels = parse_labels(form.labels)
     except ValueError as exc:
@@ -394,6 +408,8 @@ def spec_run(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpRes
                 scenarios=list(form.scenarios) or None,
                 created_by=request.user,
             )
+        except services.RunLabelError as exc:  # it names the label
+            errors.append(str(exc))
         except ValueError as exc:  # an unknown scenario name
             errors.append(f"scenarios: {exc}")
     if run is None:
