@@ -317,6 +317,9 @@ def _run_queue(
 ) -> Status[RunCreatedOut]:
     options = payload.dict()
     key = request.headers.get("Idempotency-Key", "").strip()
+    stored = Run._meta.get_field("idempotency_key").max_length or 0
+    if len(key) > stored:  # cut, two long keys sharing their start would be one
+        raise ApiInputError("Idempotency-Key", f"at most {stored} characters, got {len(key)}")
     # What the request asks for: the same key with another body is a conflict, not a replay.
     digest = hashlib.sha256(
         json.dumps([version.pk, options], sort_keys=True, default=str).encode()
@@ -331,7 +334,7 @@ def _run_queue(
             seed=options["seed"],
             judge_cache=options["judge_cache"],
             created_by=caller.user,
-            idempotency_key=key[:200],
+            idempotency_key=key,
             request_digest=digest if key else "",
         )
     except services.IdempotencyConflict as exc:

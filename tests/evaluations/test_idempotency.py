@@ -64,3 +64,19 @@ def test_without_a_key_every_request_is_a_new_run(client: Client, project: Proje
     _start(client, project, {}, None)
     _start(client, project, {}, None)
     assert Run.objects.count() == 2
+
+
+def test_a_key_longer_than_what_is_stored_is_a_422_not_another_keys_run(
+    client: Client, project: Project
+) -> None:
+    """Keys were cut to their first 200 characters: two CI jobs whose long keys share those
+    got one run between them (or a 409 about the other's body)."""
+    first, second = "job-" + "a" * 200 + "-1", "job-" + "a" * 200 + "-2"
+    for key in (first, second):
+        refused = _start(client, project, {"labels": {"branch": "main"}}, key)
+        assert refused.status_code == 422, refused.content
+        error = refused.json()["error"]
+        assert error["field"] == "Idempotency-Key" and "at most 200" in error["message"]
+    assert Run.objects.count() == 0
+    fits = _start(client, project, {}, "k" * 200)
+    assert fits.status_code == 202 and Run.objects.count() == 1
