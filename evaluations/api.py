@@ -32,6 +32,7 @@ from ninja.security import HttpBearer, SessionAuth
 from ninja.throttling import BaseThrottle
 
 from checks import reporters
+from checks.spec.semantics import too_long
 from evaluations import policy, selectors, services
 from evaluations.models import (
     ROLE_RANK,
@@ -317,9 +318,10 @@ def _run_queue(
 ) -> Status[RunCreatedOut]:
     options = payload.dict()
     key = request.headers.get("Idempotency-Key", "").strip()
-    stored = Run._meta.get_field("idempotency_key").max_length or 0
-    if len(key) > stored:  # cut, two long keys sharing their start would be one
-        raise ApiInputError("Idempotency-Key", f"at most {stored} characters, got {len(key)}")
+    # Stored whole, never cut: two long keys sharing their start would be one.
+    problem = too_long(key, Run._meta.get_field("idempotency_key").max_length or 0)
+    if problem:
+        raise ApiInputError("Idempotency-Key", problem)
     # What the request asks for: the same key with another body is a conflict, not a replay.
     digest = hashlib.sha256(
         json.dumps([version.pk, options], sort_keys=True, default=str).encode()

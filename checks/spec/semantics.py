@@ -86,7 +86,10 @@ def _regex(value: Any, path: tuple[Any, ...]) -> Iterator[Problem]:
         yield Problem(path, f"invalid regular expression: {exc}")
 
 
-def _too_long(value: Any, limit: int) -> str | None:
+def too_long(value: Any, limit: int) -> str | None:
+    """Why a text cannot be stored in a column of `limit` characters, or None when it fits:
+    the one wording for every such limit (spec names here; labels, alert and project names,
+    idempotency keys in evaluations)."""
     if isinstance(value, str) and len(value) > limit:
         return f"at most {limit} characters, got {len(value)}"
     return None
@@ -94,11 +97,11 @@ def _too_long(value: Any, limit: int) -> str | None:
 
 def _stored_name_rules(data: dict[str, Any]) -> Iterator[Problem]:
     """The spec's id, invariant ids and scenario names fit the columns that store them."""
-    problem = _too_long(data.get("id"), SPEC_ID_MAX)
+    problem = too_long(data.get("id"), SPEC_ID_MAX)
     if problem:
         yield Problem(("id",), f"the spec id is too long: {problem}")
     for invariant_id in _dict(data.get("invariants")):
-        problem = _too_long(invariant_id, INVARIANT_ID_MAX)
+        problem = too_long(invariant_id, INVARIANT_ID_MAX)
         if problem:
             yield Problem(
                 ("invariants", invariant_id),
@@ -106,7 +109,7 @@ def _stored_name_rules(data: dict[str, Any]) -> Iterator[Problem]:
                 at_key=True,
             )
     for index, scenario in enumerate(_list(data.get("chaos_matrix"))):
-        problem = _too_long(_dict(scenario).get("name"), SCENARIO_NAME_MAX)
+        problem = too_long(_dict(scenario).get("name"), SCENARIO_NAME_MAX)
         if problem:
             yield Problem(
                 ("chaos_matrix", index, "name"), f"the scenario name is too long: {problem}"

@@ -32,6 +32,7 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
+from checks.spec.semantics import too_long
 from evaluations import queue
 from evaluations.models import (
     ALERT_NAME_MAX,
@@ -97,8 +98,9 @@ def channel_secret(channel: AlertChannel) -> str:
 def _check_length(field: str, value: str, limit: int) -> None:
     """A name or target longer than its column: PostgreSQL refused the whole row with a
     500 that named no field; this names it."""
-    if len(value) > limit:
-        raise AlertError(f"{field}: at most {limit} characters, got {len(value)}")
+    problem = too_long(value, limit)
+    if problem:
+        raise AlertError(f"{field}: {problem}")
 
 
 def _check_target(kind: str, target: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from checks.spec.semantics import too_long
 from evaluations.models import (
     PROJECT_NAME_MAX,
     PROJECT_SLUG_MAX,
@@ -38,10 +39,10 @@ def project_create(*, name: str, slug: str, created_by: Any) -> Project:
     # Checked here, not by the database: PostgreSQL refused a long name or slug with a 500,
     # and a slug with a space or a slash was stored, then every link to the project (the
     # redirect after creating it first) failed to build.
-    if len(name) > PROJECT_NAME_MAX:
-        raise MembershipError(f"name: at most {PROJECT_NAME_MAX} characters, got {len(name)}")
-    if len(slug) > PROJECT_SLUG_MAX:
-        raise MembershipError(f"slug: at most {PROJECT_SLUG_MAX} characters, got {len(slug)}")
+    for field, value, limit in (("name", name, PROJECT_NAME_MAX), ("slug", slug, PROJECT_SLUG_MAX)):
+        problem = too_long(value, limit)
+        if problem:
+            raise MembershipError(f"{field}: {problem}")
     if not _SLUG.fullmatch(slug):
         raise MembershipError(
             f"slug: {slug!r} may contain only letters, digits, dashes and underscores"

@@ -18,6 +18,7 @@ from checks.planning import (
     validate_selection,
 )
 from checks.spec.model import Spec as EngineSpec
+from checks.spec.semantics import too_long
 from evaluations import policy, queue
 from evaluations.models import (
     RUN_LABEL_MAX,
@@ -124,9 +125,9 @@ def _check_label_lengths(labels: dict[str, str]) -> None:
     """The git_sha and branch labels are also stored in columns of fixed size: a longer
     value reached PostgreSQL, which refused the whole run (a 500) without saying which."""
     for name, limit in RUN_LABEL_MAX.items():
-        value = labels.get(name, "")
-        if len(value) > limit:
-            raise RunLabelError(f"labels.{name}: at most {limit} characters, got {len(value)}")
+        problem = too_long(labels.get(name, ""), limit)
+        if problem:
+            raise RunLabelError(f"labels.{name}: {problem}")
 
 
 class IdempotencyConflict(ValueError):
@@ -234,7 +235,7 @@ def _pillar_inputs(
     )
     sessions, replay_warnings = plan_sessions(
         spec.raw.get("replay"),
-        base_dir=run.options.get("spec_dir") if run.options.get("read_from_files") else None,
+        base_dir=_files_dir(run),
         from_execution=lambda execution_id: execution_replay_session(
             execution_id=execution_id, project_id=run.project_id
         ),
@@ -324,7 +325,7 @@ def run_rerun_failed(
         labels={**run.labels, "rerun_of": str(run.pk)},
         replicas=run.replicas_override,
         scenarios=run.options.get("scenarios") or None,
-        spec_dir=run.options.get("spec_dir") if run.options.get("read_from_files") else None,
+        spec_dir=_files_dir(run),
         seed=int(run.options.get("seed", 0)),
         created_by=created_by,
         enqueue=enqueue,
@@ -351,6 +352,12 @@ def run_warning_add(*, run_id: int, warning: str) -> None:
         if warning not in run.warnings:
             run.warnings = [*run.warnings, warning]
             run.save(update_fields=["warnings"])
+
+
+def _files_dir(run: Run) -> str | None:
+    """The directory the run's spec was read from, when its host parts may be used there
+    (options["read_from_files"]); None for a run confined to its directory's inside."""
+    return run.options.get("spec_dir") if run.options.get("read_from_files") else None
 
 
 def _host_parts(parsed: dict[str, Any]) -> list[Any]:
