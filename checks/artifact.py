@@ -8,6 +8,9 @@ from typing import Any
 
 # Terminal statuses of an execution (reference 003's RunStatus plus Keystone's `error`).
 EXECUTION_STATUSES = ("success", "failed", "timed_out", "invalid", "provider_error", "error")
+# Of those, the ones where the agent did not do its task as asked (Keystone or its sandbox
+# failed it, or its model did): whatever its checks read, the execution gives no verdict.
+NO_VERDICT_STATUSES = ("error", "provider_error")
 
 
 @dataclass(slots=True)

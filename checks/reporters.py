@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from checks.artifact import NO_VERDICT_STATUSES
 from checks.pricing import format_usd
 from checks.report_model import ExecutionRecord, ExecutionScore, RunSummary
 from checks.results import CheckResult
@@ -323,9 +324,7 @@ def _execution_cases(
         failure.text = _xml_text(text)
         cases.append(case)
     shown = any(c.find("failure") is not None or c.find("error") is not None for c in cases)
-    if record.status in ("error", "provider_error") and not any(
-        c.find("error") is not None for c in cases
-    ):
+    if record.status in NO_VERDICT_STATUSES and not any(c.find("error") is not None for c in cases):
         # The execution itself failed (a provider answering 401, an agent that cannot start):
         # one <error> that names it, whatever its check results say.
         case = ET.Element("testcase", classname=classname, name=_xml_text(f"execution [{where}]"))

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from math import comb
 
+from checks.artifact import NO_VERDICT_STATUSES
 from checks.exit_codes import (
     EXIT_GATE_FAILED,
     EXIT_INTERNAL_ERROR,
@@ -189,7 +190,7 @@ def failure_reason(record: ExecutionRecord, composite: float, pass_threshold: fl
 
 def _error_reason(record: ExecutionRecord) -> str:
     errors = [r for r in record.results if r.is_error]
-    if record.status in ("error", "provider_error") or not errors:
+    if record.status in NO_VERDICT_STATUSES or not errors:
         said = (record.error or "").strip().splitlines()
         return f"execution {record.status}" + (f": {said[0][:200]}" if said else "")
     first = errors[0]
@@ -208,7 +209,7 @@ def _gate_failed(result: CheckResult) -> bool:
 
 def _execution_errored(record: ExecutionRecord) -> bool:
     """No trustworthy verdict: the harness, the provider or a check could not finish."""
-    return record.status in ("error", "provider_error") or any(r.is_error for r in record.results)
+    return record.status in NO_VERDICT_STATUSES or any(r.is_error for r in record.results)
 
 
 # ---------------------------------------------------------------- replicas
@@ -387,7 +388,7 @@ def _cell(
                     passes.append(False)
                     errored = True
                 continue
-            if record.status in ("error", "provider_error"):
+            if record.status in NO_VERDICT_STATUSES:
                 # The execution could not run (its model failed it, Keystone broke): what a
                 # check read off what it left is no verdict, and never a pass in a cell,
                 # whatever that check said (SPEC_FORMAT: never counted as a pass).
