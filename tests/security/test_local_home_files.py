@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,19 +32,11 @@ invariants:
 """
 
 
-@pytest.fixture
-def home() -> Iterator[Path]:
-    """A KEYSTONE_HOME any user can traverse to, as the local backend needs for nobody."""
-    directory = Path(tempfile.mkdtemp(prefix="keystone-home-", dir="/tmp"))
-    os.chmod(directory, 0o755)
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
 @pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root: the agent keeps its uid")
 def test_a_local_agent_cannot_read_the_embedded_database_or_the_artifacts(
-    home: Path, tmp_path: Path
+    reachable: Path, tmp_path: Path
 ) -> None:
+    home = reachable  # the KEYSTONE_HOME: the local backend needs nobody to traverse it
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     report = tmp_path / "report.json"

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +16,6 @@ import pytest
 from evaluations.runner.sandbox import NOBODY, LocalSandbox
 
 CANARY = "keystone-worker-only-6c2e"
-
-
-@pytest.fixture
-def reachable() -> Iterator[Path]:
-    """A directory any user can traverse to (pytest's tmp_path is under a 0700 directory)."""
-    directory = Path(tempfile.mkdtemp(prefix="keystone-sec-", dir="/tmp"))
-    os.chmod(directory, 0o755)
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root: the agent keeps its uid")
