@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.mail import EmailMessage
-from django.db import transaction
 from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
@@ -54,6 +53,7 @@ from evaluations.selectors.alerts import (
     rule_applies,
     rule_value,
 )
+from evaluations.services.unique import Taken
 
 logger = logging.getLogger(__name__)
 
@@ -134,19 +134,24 @@ def alert_channel_create(
     _check_length("name", name, ALERT_NAME_MAX)
     if kind not in ChannelKind.values:
         raise AlertError(f"kind {kind!r}: use one of {', '.join(ChannelKind.values)}")
-    if AlertChannel.objects.filter(project=project, name=name).exists():
-        raise AlertError(f"name: a channel named {name!r} already exists in this project")
+    taken = Taken(
+        lambda: AlertChannel.objects.filter(project=project, name=name).first(),
+        lambda _: AlertError(f"name: a channel named {name!r} already exists in this project"),
+    )
+    taken.check()
     if kind == ChannelKind.WEBHOOK and not secret:
         raise AlertError("secret: a webhook channel needs a secret to sign its requests")
+    target = _check_target(kind, target)
     encrypted = _secret_box().encrypt(secret.encode()).decode() if secret else ""
-    return AlertChannel.objects.create(
-        project=project,
-        name=name,
-        kind=kind,
-        target=_check_target(kind, target),
-        secret_encrypted=encrypted,
-        digest=digest,
-    )
+    with taken.inserting():
+        return AlertChannel.objects.create(
+            project=project,
+            name=name,
+            kind=kind,
+            target=target,
+            secret_encrypted=encrypted,
+            digest=digest,
+        )
 
 
 def alert_channel_delete(*, project: Project, channel_id: int) -> None:
@@ -173,8 +178,11 @@ def alert_rule_create(
         raise AlertError(f"condition: {exc}") from None
     if window not in AlertWindow.values:
         raise AlertError(f"window {window!r}: use one of {', '.join(AlertWindow.values)}")
-    if AlertRule.objects.filter(project=project, name=name).exists():
-        raise AlertError(f"name: a rule named {name!r} already exists in this project")
+    taken = Taken(
+        lambda: AlertRule.objects.filter(project=project, name=name).first(),
+        lambda _: AlertError(f"name: a rule named {name!r} already exists in this project"),
+    )
+    taken.check()
     channels = list(AlertChannel.objects.filter(project=project, pk__in=channel_ids))
     missing = set(channel_ids) - {c.pk for c in channels}
     if missing:
@@ -182,7 +190,7 @@ def alert_rule_create(
     unknown = sorted(set(specs) - set(project.specs.values_list("slug", flat=True)))
     if unknown:
         raise AlertError(f"specs: no spec {', '.join(unknown)} in this project")
-    with transaction.atomic():
+    with taken.inserting():
         rule = AlertRule.objects.create(
             project=project,
             name=name,

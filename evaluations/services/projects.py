@@ -20,6 +20,7 @@ from evaluations.models import (
     Role,
 )
 from evaluations.services.specs import spec_version_create
+from evaluations.services.unique import Taken
 
 # What the URLs accept as a project slug (Django's `slug` path converter).
 _SLUG = re.compile(r"[-a-zA-Z0-9_]+")
@@ -47,9 +48,12 @@ def project_create(*, name: str, slug: str, created_by: Any) -> Project:
         raise MembershipError(
             f"slug: {slug!r} may contain only letters, digits, dashes and underscores"
         )
-    with transaction.atomic():
-        if Project.objects.filter(slug=slug).exists():
-            raise MembershipError(f"A project with the slug {slug!r} already exists.")
+    taken = Taken(
+        lambda: Project.objects.filter(slug=slug).first(),
+        lambda _: MembershipError(f"A project with the slug {slug!r} already exists."),
+    )
+    taken.check()
+    with taken.inserting():
         project = Project.objects.create(name=name, slug=slug)
         Membership.objects.create(project=project, user=created_by, role=Role.ADMIN)
     return project
@@ -81,12 +85,14 @@ def membership_add(*, project: Project, username: str, role: str) -> Membership:
     user = get_user_model().objects.filter(username=username, is_active=True).first()
     if user is None:
         raise MembershipError(f"There is no active user named {username!r}.")
-    with transaction.atomic():
-        existing = Membership.objects.filter(project=project, user=user).first()
-        if existing is not None:
-            raise MembershipError(
-                f"{username} is already a member ({existing.role}); change the role instead."
-            )
+    taken = Taken(
+        lambda: Membership.objects.filter(project=project, user=user).first(),
+        lambda existing: MembershipError(
+            f"{username} is already a member ({existing.role}); change the role instead."
+        ),
+    )
+    taken.check()
+    with taken.inserting():
         return Membership.objects.create(project=project, user=user, role=new_role)
 
 
