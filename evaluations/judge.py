@@ -29,6 +29,7 @@ from django.db.models import F
 
 from checks.judge_client import JudgeClient, JudgeSettings
 from checks.results import JUDGE_CHECK_TYPES
+from checks.spec.semantics import JUDGE_MODEL_MAX
 from evaluations.models import JudgeCacheEntry, Run
 
 JUDGE_METHODS = frozenset({"judge", "embedding"})  # drift / similarity methods that need it
@@ -48,7 +49,8 @@ class DatabaseJudgeCache:
     def put(self, key: str, model: str, reply: dict[str, Any]) -> None:
         # Two workers may judge the same thing at once: the first row wins, quietly.
         JudgeCacheEntry.objects.bulk_create(
-            [JudgeCacheEntry(key=key, model=model[:200], reply=reply)], ignore_conflicts=True
+            [JudgeCacheEntry(key=key, model=model[:JUDGE_MODEL_MAX], reply=reply)],
+            ignore_conflicts=True,
         )
 
 

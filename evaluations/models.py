@@ -23,7 +23,12 @@ from django.utils.text import get_valid_filename
 from checks.planning import EXECUTION_KEY_MAX, execution_key
 from checks.results import CheckResult as EngineCheckResult
 from checks.results import FailureCode
-from checks.spec.semantics import INVARIANT_ID_MAX, SCENARIO_NAME_MAX, SPEC_ID_MAX
+from checks.spec.semantics import (
+    INVARIANT_ID_MAX,
+    JUDGE_MODEL_MAX,
+    SCENARIO_NAME_MAX,
+    SPEC_ID_MAX,
+)
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -766,7 +771,7 @@ class JudgeCacheEntry(models.Model):
     is not paid twice. `key` is the SHA-256 of everything that shapes the reply."""
 
     key = models.CharField(max_length=64, unique=True)
-    model = models.CharField(max_length=200)
+    model = models.CharField(max_length=JUDGE_MODEL_MAX)
     reply = models.JSONField(default=dict)
     created = models.DateTimeField(default=timezone.now, editable=False)
     hits = models.PositiveIntegerField(default=0)
@@ -811,7 +816,7 @@ class ReviewItem(models.Model):
     )
     invariant_id = models.CharField(max_length=INVARIANT_ID_MAX)
     criteria = models.TextField(blank=True, default="")
-    judge_model = models.CharField(max_length=200, blank=True, default="")
+    judge_model = models.CharField(max_length=JUDGE_MODEL_MAX, blank=True, default="")
     prompt_version = models.CharField(max_length=64, blank=True, default="")
     judge_score = models.FloatField(null=True, blank=True)
     judge_passed = models.BooleanField(null=True, blank=True)
@@ -928,7 +933,7 @@ class ReviewAgreementDay(models.Model):
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
     spec = models.ForeignKey(Spec, on_delete=models.CASCADE, related_name="+")
-    judge_model = models.CharField(max_length=200)
+    judge_model = models.CharField(max_length=JUDGE_MODEL_MAX)
     criteria = models.TextField(blank=True, default="")
     prompt_version = models.CharField(max_length=64, blank=True, default="")
     day = models.DateField()

@@ -26,6 +26,9 @@ WEIGHT_TOLERANCE = 1e-6
 SPEC_ID_MAX = 100
 SCENARIO_NAME_MAX = 200
 INVARIANT_ID_MAX = 200
+# A judge's model name is stored with each review item it sends people (and in the judge
+# cache and the agreement tables): a longer one broke finalising the run.
+JUDGE_MODEL_MAX = 200
 
 
 def semantic_problems(data: dict[str, Any], spec_dir: Path | None = None) -> Iterator[Problem]:
@@ -96,7 +99,8 @@ def too_long(value: Any, limit: int) -> str | None:
 
 
 def _stored_name_rules(data: dict[str, Any]) -> Iterator[Problem]:
-    """The spec's id, invariant ids and scenario names fit the columns that store them."""
+    """The spec's id, invariant ids, scenario names and judge model names fit the columns
+    that store them."""
     problem = too_long(data.get("id"), SPEC_ID_MAX)
     if problem:
         yield Problem(("id",), f"the spec id is too long: {problem}")
@@ -113,6 +117,16 @@ def _stored_name_rules(data: dict[str, Any]) -> Iterator[Problem]:
         if problem:
             yield Problem(
                 ("chaos_matrix", index, "name"), f"the scenario name is too long: {problem}"
+            )
+    problem = too_long(_dict(data.get("judge")).get("model"), JUDGE_MODEL_MAX)
+    if problem:
+        yield Problem(("judge", "model"), f"the judge model name is too long: {problem}")
+    for invariant_id, invariant in _dict(data.get("invariants")).items():
+        problem = too_long(_dict(_dict(invariant).get("check")).get("model"), JUDGE_MODEL_MAX)
+        if problem:
+            yield Problem(
+                ("invariants", invariant_id, "check", "model"),
+                f"the judge model name is too long: {problem}",
             )
 
 

@@ -13,6 +13,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from checks.results import JUDGE_CHECK_TYPES
+from checks.spec.semantics import JUDGE_MODEL_MAX
 from evaluations.models import (
     CheckResult,
     Project,
@@ -196,7 +197,8 @@ def _review_item_for(
         check_result=row,
         invariant_id=row.invariant_id,
         criteria=str(check.get("criteria") or invariant.get("description") or row.invariant_id),
-        judge_model=judge.model if is_judge else "",
+        # The spec's model names are checked; the name a judge server answers with is not.
+        judge_model=judge.model[:JUDGE_MODEL_MAX] if is_judge else "",
         prompt_version=judge.prompt_version if is_judge else "",
         judge_score=judge.score if is_judge else None,
         judge_passed=judge.passed if is_judge else None,

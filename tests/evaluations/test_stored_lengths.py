@@ -97,6 +97,64 @@ def test_names_at_the_limit_are_stored_and_run(project: Project, editor: dict[st
     assert execution.check_results.get().invariant_id == "i" * 200
 
 
+JUDGED = """\
+version: 1
+id: judged
+task: {{prompt: "Say hello"}}
+agent: {{type: command, command: "echo hello"}}
+judge:
+  provider: scripted
+  model: {judge_model}
+  rules: [{{score: 0.9, reason: polite}}]
+invariants:
+  polite:
+    description: d
+    check: {{type: llm_as_judge, criteria: "is polite", model: {check_model}}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("models", "path", "line"),
+    [
+        ({"judge_model": "m" * 201}, "judge.model", 7),
+        ({"check_model": "m" * 201}, "invariants.polite.check.model", 12),
+    ],
+    ids=["judge-block", "check"],
+)
+def test_a_judge_model_name_too_long_for_its_column_is_a_422_at_its_line(
+    project: Project, editor: dict[str, str], models: dict[str, str], path: str, line: int
+) -> None:
+    """The model name is stored with each review item the judge sends people: a longer one
+    was accepted here, then broke finalising the run (PostgreSQL refused the review item)."""
+    text = JUDGED.format(**{"judge_model": "scripted-judge", "check_model": "judge-1", **models})
+    for url in ("/api/projects/demo/specs", "/api/projects/demo/runs"):
+        response = _post(url, {"source_yaml": text}, editor)
+        assert response.status_code == 422, response.content
+        error = response.json()["error"]
+        assert error["code"] == "spec_invalid" and error["field"] == path
+        (detail,) = error["details"]
+        message = "the judge model name is too long: at most 200 characters, got 201"
+        assert (detail["path"], detail["line"], detail["message"]) == (path, line, message)
+    assert not Spec.objects.exists()
+
+
+def test_judge_model_names_at_the_limit_are_stored_with_the_review_item(
+    project: Project, editor: dict[str, str]
+) -> None:
+    text = JUDGED.format(judge_model="j" * 200, check_model="m" * 200)
+    response = _post("/api/projects/demo/runs", {"source_yaml": text}, editor)
+    assert response.status_code == 202, response.content
+    from evaluations.services.projects import _demo_run_now
+    from evaluations.services.reviews import review_send
+
+    _demo_run_now(response.json()["id"])
+    run = Spec.objects.get().runs.get()
+    assert run.status == "completed", (run.status, run.summary)
+    result = run.check_results.get()
+    item = review_send(result_id=result.pk, user=project.memberships.get().user)
+    assert item.judge_model == "m" * 200  # the check's model, which the judge answered with
+
+
 VALID = SPEC.format(id="labelled", scenario="calm", invariant="greets")
 
 
