@@ -33,6 +33,7 @@ JUDGE_MODEL_MAX = 200
 
 def semantic_problems(data: dict[str, Any], spec_dir: Path | None = None) -> Iterator[Problem]:
     services = _services(data)
+    yield from _nul_rules(data, ())
     yield from _stored_name_rules(data)
     yield from _task_rules(data)
     yield from _service_rules(data)
@@ -96,6 +97,26 @@ def too_long(value: Any, limit: int) -> str | None:
     if isinstance(value, str) and len(value) > limit:
         return f"at most {limit} characters, got {len(value)}"
     return None
+
+
+def _nul_rules(value: Any, path: tuple[Any, ...]) -> Iterator[Problem]:
+    """No text of the spec holds a NUL character (YAML's "\\0" escape): PostgreSQL stores
+    none, so the spec was accepted here and then refused while being stored (a 500)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            yield Problem(path, "contains a NUL character (\\0), which cannot be stored")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and "\x00" in key:
+                yield Problem(
+                    (*path, key),
+                    "contains a NUL character (\\0), which cannot be stored",
+                    at_key=True,
+                )
+            yield from _nul_rules(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _nul_rules(item, (*path, index))
 
 
 def _stored_name_rules(data: dict[str, Any]) -> Iterator[Problem]:

@@ -155,6 +155,29 @@ def test_judge_model_names_at_the_limit_are_stored_with_the_review_item(
     assert item.judge_model == "m" * 200  # the check's model, which the judge answered with
 
 
+def test_a_nul_character_in_a_spec_is_a_422_at_its_line(
+    project: Project, editor: dict[str, str]
+) -> None:
+    """YAML's "\\0" escape makes a NUL character, which PostgreSQL stores in no text or
+    JSON column: the spec was accepted, then refused while being stored (a 500)."""
+    text = SPEC.format(id="nul", scenario="calm", invariant="greets").replace(
+        '"Say hello"', '"Say\\0 hello"'
+    )
+    assert "\x00" not in text  # the escape, not the character (the API refuses that one)
+    for url in ("/api/projects/demo/specs", "/api/projects/demo/runs"):
+        response = _post(url, {"source_yaml": text}, editor)
+        assert response.status_code == 422, response.content[:300]
+        error = response.json()["error"]
+        assert error["code"] == "spec_invalid" and error["field"] == "task.prompt"
+        (detail,) = error["details"]
+        assert (detail["path"], detail["line"], detail["message"]) == (
+            "task.prompt",
+            3,
+            "contains a NUL character (\\0), which cannot be stored",
+        )
+    assert not Spec.objects.exists()
+
+
 VALID = SPEC.format(id="labelled", scenario="calm", invariant="greets")
 
 
