@@ -99,9 +99,6 @@ def _leave_out_hidden(
         return
     summary.records = records
 
-    def visible_codes(codes: list[str], gone: dict[str, str], kept: set[str]) -> list[str]:
-        return [c for c in codes if c not in set(gone.values()) or c in kept]
-
     by_id = {record.id: record for record in records}
     for score in summary.executions:
         hidden_codes = left_out.get(score.execution_id)
@@ -110,13 +107,16 @@ def _leave_out_hidden(
         gone = hidden_codes
         kept = {r.failure_code.value for r in by_id[score.execution_id].results if r.failure_code}
         score.reason = blind_reason(score.reason, gone)
-        score.failure_codes = visible_codes(score.failure_codes, gone, kept)
+        score.failure_codes = [
+            c for c in score.failure_codes if c not in set(gone.values()) or c in kept
+        ]
         score.gate_failed = [i for i in score.gate_failed if i not in gone]
     for group in summary.groups:
         hidden_here = [left_out[i] for i in group.execution_ids if i in left_out]
         if not hidden_here:
             continue
-        gone = {k: v for entry in hidden_here for k, v in entry.items()}
+        gone_codes = {code for entry in hidden_here for code in entry.values()}
+        gone_invariants = {invariant for entry in hidden_here for invariant in entry}
         kept = {
             r.failure_code.value
             for i in group.execution_ids
@@ -124,8 +124,10 @@ def _leave_out_hidden(
             for r in by_id[i].results
             if r.failure_code
         }
-        group.invariant_scores = {k: v for k, v in group.invariant_scores.items() if k not in gone}
-        group.failure_codes = visible_codes(group.failure_codes, gone, kept)
+        group.invariant_scores = {
+            k: v for k, v in group.invariant_scores.items() if k not in gone_invariants
+        }
+        group.failure_codes = [c for c in group.failure_codes if c not in gone_codes or c in kept]
     # Each matrix cell (invariant x scenario) loses the failure codes of its hidden results.
     cell_codes: dict[tuple[str, str], set[str]] = {}
     for record_id, gone in left_out.items():

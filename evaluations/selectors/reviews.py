@@ -524,58 +524,74 @@ def blind_hidden_results(
     return dict(items.values_list("check_result_id", "id"))
 
 
-def blind_hidden_cells(user: Any, *, run_id: int) -> dict[tuple[str, str], set[str]]:
-    """(invariant id, scenario) -> failure codes of the run's results hidden from `user`
-    for blind review (the rule of blind_hidden_results), for what the run page shows from
-    the stored summary per matrix cell, per group and per execution. One query."""
-    cells: dict[tuple[str, str], set[str]] = defaultdict(set)
+@dataclass(frozen=True, slots=True)
+class BlindCells:
+    """Where a run's results hidden from one person for blind review are, in the terms of
+    its stored summary: per (invariant id, scenario) their failure codes, and per execution
+    (its summary `where`: "scenario / prompt N / replica R") their invariant ids."""
+
+    codes: dict[tuple[str, str], set[str]]
+    invariants: dict[str, set[str]]
+
+    def __bool__(self) -> bool:
+        return bool(self.codes)
+
+
+def blind_hidden_cells(user: Any, *, run_id: int) -> BlindCells:
+    """The run's results hidden from `user` for blind review (the rule of
+    blind_hidden_results), placed as the run page's summary parts place them. One query."""
+    codes: dict[tuple[str, str], set[str]] = defaultdict(set)
+    invariants: dict[str, set[str]] = defaultdict(set)
     rows = _blind_hidden_items(user, run_id=run_id).values_list(
-        "invariant_id", "execution__scenario", "check_result__failure_code"
+        "invariant_id",
+        "execution__scenario",
+        "execution__prompt_index",
+        "execution__replica",
+        "check_result__failure_code",
     )
-    for invariant_id, scenario, code in rows:
-        cells[(invariant_id, scenario)].update([code] if code else [])
-    return dict(cells)
+    for invariant_id, scenario, prompt_index, replica, code in rows:
+        codes[(invariant_id, scenario)].update([code] if code else [])
+        invariants[f"{scenario} / prompt {prompt_index} / replica {replica}"].add(invariant_id)
+    return BlindCells(codes=dict(codes), invariants=dict(invariants))
 
 
-def blind_summary(
-    summary: dict[str, Any], cells: dict[tuple[str, str], set[str]]
-) -> dict[str, Any]:
+def blind_summary(summary: dict[str, Any], cells: BlindCells) -> dict[str, Any]:
     """The parts of a stored run summary the run page shows, without what tells the
     verdicts of results hidden for blind review (`cells`, from blind_hidden_cells): the
-    reasons that name them, and their failure codes in the matrix cells and the groups of
-    their scenario. Pass counts are aggregates and stay."""
+    reasons that name them, and their failure codes in the matrix cells and in the groups
+    of their scenario. Pass counts are aggregates and stay."""
     if not cells:
         return summary
-    invariants: dict[str, set[str]] = defaultdict(set)
-    codes: dict[str, set[str]] = defaultdict(set)
-    for (invariant_id, scenario), hidden_codes in cells.items():
-        invariants[scenario].add(invariant_id)
-        codes[scenario].update(hidden_codes)
+    scenario_codes: dict[str, set[str]] = defaultdict(set)
+    scenario_invariants: dict[str, set[str]] = defaultdict(set)
+    for (invariant_id, scenario), hidden_codes in cells.codes.items():
+        scenario_codes[scenario].update(hidden_codes)
+        scenario_invariants[scenario].add(invariant_id)
 
-    def scenario_of(where: str) -> str:
-        return where.split(" / prompt ")[0]
+    def named(where: str) -> set[str]:
+        # A mutation run's `where` goes on with " / <mutation>".
+        return {
+            invariant
+            for place, hidden in cells.invariants.items()
+            if where == place or where.startswith(place + " / ")
+            for invariant in hidden
+        }
+
+    def cell_codes(cell: dict[str, Any]) -> list[Any]:
+        hidden = cells.codes.get((str(cell.get("invariant_id")), str(cell.get("scenario"))))
+        return [c for c in cell.get("failure_codes") or [] if not hidden or c not in hidden]
 
     shown = dict(summary)
     shown["why_failed"] = [
         {
             **row,
-            "reason": blind_reason(
-                str(row.get("reason") or ""), invariants[scenario_of(str(row.get("where") or ""))]
-            ),
+            "reason": blind_reason(str(row.get("reason") or ""), named(str(row.get("where")))),
         }
         for row in summary.get("why_failed") or []
         if isinstance(row, dict)
     ]
     shown["matrix"] = [
-        {
-            **cell,
-            "failure_codes": [
-                c
-                for c in cell.get("failure_codes") or []
-                if c
-                not in cells.get((str(cell.get("invariant_id")), str(cell.get("scenario"))), set())
-            ],
-        }
+        {**cell, "failure_codes": cell_codes(cell)}
         for cell in summary.get("matrix") or []
         if isinstance(cell, dict)
     ]
@@ -585,12 +601,12 @@ def blind_summary(
             "failure_codes": [
                 c
                 for c in group.get("failure_codes") or []
-                if c not in codes[str(group.get("scenario"))]
+                if c not in scenario_codes[str(group.get("scenario"))]
             ],
             "invariant_scores": {
                 k: v
                 for k, v in (group.get("invariant_scores") or {}).items()
-                if k not in invariants[str(group.get("scenario"))]
+                if k not in scenario_invariants[str(group.get("scenario"))]
             },
         }
         for group in summary.get("groups") or []
