@@ -490,11 +490,16 @@ def run_report(
     run_id: RowId,
     format: Literal["json", "junit", "md"] = "json",  # noqa: A002 (the query parameter's name)
 ) -> HttpResponse:
-    """The run's report as `keystone run` writes it, scored from the stored results."""
+    """The run's report as `keystone run` writes it, scored from the stored results.
+
+    Blind review: the check results waiting in an open blind review item that you have not
+    graded count in the run's scores but are left out of the report's executions (with the
+    reasons and failure codes that would tell them), and a warning says so."""
     caller = _caller(request, slug, Role.VIEWER)
     run = _run(caller, run_id)
     render, content_type = REPORT_FORMATS[format]
-    return HttpResponse(render(selectors.run_report(run)), content_type=content_type)
+    hidden = selectors.blind_hidden_results(caller.user, run_id=run.pk)
+    return HttpResponse(render(selectors.run_report(run, hidden)), content_type=content_type)
 
 
 class RunCancelOut(Schema):

@@ -93,13 +93,50 @@ class CheckResultOut(Schema):
     invariant_id: str
     check_type: str
     source: str
-    passed: bool
-    score: float
+    passed: bool | None  # null while hidden for blind review
+    score: float | None  # null while hidden for blind review
     failure_code: str
     message: str
     severity: str
     gate: bool
     details: dict[str, Any]
+    # Blind review: the result waits in an open blind review item you have not graded;
+    # its verdict (passed, score, failure code, message, details) is left out until you do.
+    hidden_for_blind_review: bool = False
+    review_item_id: int | None = None  # the item that hides it
+
+
+def check_result_out(result: Any, hidden: dict[int, int]) -> CheckResultOut:
+    """One stored result as the API shows it to a person: in full, or, when `hidden`
+    (selectors.blind_hidden_results) holds it, without its verdict."""
+    item_id = hidden.get(result.pk)
+    if item_id is not None:
+        return CheckResultOut(
+            invariant_id=result.invariant_id,
+            check_type=result.check_type,
+            source=result.source,
+            passed=None,
+            score=None,
+            failure_code="",
+            message=selectors.BLIND_HIDDEN,
+            severity=result.severity,
+            gate=result.gate,
+            details={},
+            hidden_for_blind_review=True,
+            review_item_id=item_id,
+        )
+    return CheckResultOut(
+        invariant_id=result.invariant_id,
+        check_type=result.check_type,
+        source=result.source,
+        passed=result.passed,
+        score=result.score,
+        failure_code=result.failure_code,
+        message=result.message,
+        severity=result.severity,
+        gate=result.gate,
+        details=result.details if isinstance(result.details, dict) else {},
+    )
 
 
 class ArtifactOut(Schema):
@@ -198,24 +235,17 @@ def _execution(caller: Any, execution_id: int) -> Execution:
 )
 def execution_detail(request: HttpRequest, slug: str, execution_id: RowId) -> ExecutionDetailOut:
     """One execution with every check result (each source: engine, judge, human) and its
-    artifacts, each with a download URL."""
+    artifacts, each with a download URL.
+
+    Blind review: a result waiting in an open blind review item that you have not graded
+    comes with `hidden_for_blind_review: true`, `review_item_id`, a null `score` and
+    `passed`, no failure code or details, and a message saying why; grade the item (or wait
+    until it closes) to see it. The execution's own `passed` and `composite` are aggregates
+    and stay."""
     caller = _caller(request, slug, Role.VIEWER)
     execution = _execution(caller, execution_id)
-    results = [
-        CheckResultOut(
-            invariant_id=r.invariant_id,
-            check_type=r.check_type,
-            source=r.source,
-            passed=r.passed,
-            score=r.score,
-            failure_code=r.failure_code,
-            message=r.message,
-            severity=r.severity,
-            gate=r.gate,
-            details=r.details if isinstance(r.details, dict) else {},
-        )
-        for r in selectors.execution_results(execution)
-    ]
+    hidden = selectors.blind_hidden_results(caller.user, execution_id=execution.pk)
+    results = [check_result_out(r, hidden) for r in selectors.execution_results(execution)]
     artifacts = [
         ArtifactOut(
             id=a.pk,

@@ -17,13 +17,20 @@ from evaluations.models import (
 
 def run_records(run: Run) -> list[ExecutionRecord]:
     """The run's executions as the engine's records: two queries whatever the run's size."""
-    results: dict[int, list] = defaultdict(list)
+    return [record for record, _ in run_records_with_rows(run)]
+
+
+def run_records_with_rows(run: Run) -> list[tuple[ExecutionRecord, list[CheckResult]]]:
+    """run_records, each record with the stored rows it was made from (for what needs
+    their ids, such as leaving out the results hidden for blind review)."""
+    results: dict[int, list[CheckResult]] = defaultdict(list)
     for row in CheckResult.objects.filter(run=run).order_by("id"):
         results[row.execution_id].append(row)
-    return [
-        _execution_record(execution, results.get(execution.pk, []))
-        for execution in Execution.objects.filter(run=run).order_by("id")
-    ]
+    pairs = []
+    for execution in Execution.objects.filter(run=run).order_by("id"):
+        rows = results.get(execution.pk, [])
+        pairs.append((_execution_record(execution, rows), rows))
+    return pairs
 
 
 def execution_record(execution: Execution) -> ExecutionRecord:

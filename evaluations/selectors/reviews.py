@@ -473,3 +473,152 @@ def pending_review_items(execution: Execution) -> dict[int, ReviewItem]:
             status=ReviewStatus.COMPLETE
         )
     }
+
+
+# --- Blind review: whose judge verdicts stay hidden ------------------------------------------
+
+BLIND_HIDDEN = "hidden: under blind review until you grade it"
+
+
+def _blind_hidden_items(
+    user: Any,
+    *,
+    run_id: int | None = None,
+    execution_id: int | None = None,
+    result_ids: Any = None,
+) -> Any:
+    """The rule: the open blind review items `user` has not graded (optionally of one run,
+    one execution, or some results). The review pages apply the same (`show_judge`)."""
+    items = ReviewItem.objects.filter(blind=True, status=ReviewStatus.OPEN)
+    if run_id is not None:
+        items = items.filter(run_id=run_id)
+    if execution_id is not None:
+        items = items.filter(execution_id=execution_id)
+    if result_ids is not None:
+        items = items.filter(check_result_id__in=list(result_ids))
+    user_id = getattr(user, "pk", None)
+    if user_id is not None:
+        items = items.exclude(
+            Exists(ReviewVerdict.objects.filter(item=OuterRef("pk"), reviewer_id=user_id))
+        )
+    return items.order_by()
+
+
+def blind_hidden_results(
+    user: Any,
+    *,
+    run_id: int | None = None,
+    execution_id: int | None = None,
+    result_ids: Any = None,
+) -> dict[int, int]:
+    """check result id -> the review item that hides it, for the results whose verdict
+    `user` may not see yet: each has an open blind review item this person has not graded.
+    The one rule every surface applies (the execution page, the cell drawer, the run page,
+    the API, the exports), as the review pages do (`show_judge`): the result's score,
+    pass/fail, failure code, message and details stay hidden until this person has graded
+    the item, or the item is no longer open. One query, scoped to a run, an execution or
+    some results."""
+    items = _blind_hidden_items(
+        user, run_id=run_id, execution_id=execution_id, result_ids=result_ids
+    )
+    return dict(items.values_list("check_result_id", "id"))
+
+
+@dataclass(frozen=True, slots=True)
+class BlindCells:
+    """Where a run's results hidden from one person for blind review are, in the terms of
+    its stored summary: per (invariant id, scenario) their failure codes, and per execution
+    (its summary `where`: "scenario / prompt N / replica R") their invariant ids."""
+
+    codes: dict[tuple[str, str], set[str]]
+    invariants: dict[str, set[str]]
+
+    def __bool__(self) -> bool:
+        return bool(self.codes)
+
+
+def blind_hidden_cells(user: Any, *, run_id: int) -> BlindCells:
+    """The run's results hidden from `user` for blind review (the rule of
+    blind_hidden_results), placed as the run page's summary parts place them. One query."""
+    codes: dict[tuple[str, str], set[str]] = defaultdict(set)
+    invariants: dict[str, set[str]] = defaultdict(set)
+    rows = _blind_hidden_items(user, run_id=run_id).values_list(
+        "invariant_id",
+        "execution__scenario",
+        "execution__prompt_index",
+        "execution__replica",
+        "check_result__failure_code",
+    )
+    for invariant_id, scenario, prompt_index, replica, code in rows:
+        codes[(invariant_id, scenario)].update([code] if code else [])
+        invariants[f"{scenario} / prompt {prompt_index} / replica {replica}"].add(invariant_id)
+    return BlindCells(codes=dict(codes), invariants=dict(invariants))
+
+
+def blind_summary(summary: dict[str, Any], cells: BlindCells) -> dict[str, Any]:
+    """The parts of a stored run summary the run page shows, without what tells the
+    verdicts of results hidden for blind review (`cells`, from blind_hidden_cells): the
+    reasons that name them, and their failure codes in the matrix cells and in the groups
+    of their scenario. Pass counts are aggregates and stay."""
+    if not cells:
+        return summary
+    scenario_codes: dict[str, set[str]] = defaultdict(set)
+    scenario_invariants: dict[str, set[str]] = defaultdict(set)
+    for (invariant_id, scenario), hidden_codes in cells.codes.items():
+        scenario_codes[scenario].update(hidden_codes)
+        scenario_invariants[scenario].add(invariant_id)
+
+    def named(where: str) -> set[str]:
+        # A mutation run's `where` goes on with " / <mutation>".
+        return {
+            invariant
+            for place, hidden in cells.invariants.items()
+            if where == place or where.startswith(place + " / ")
+            for invariant in hidden
+        }
+
+    def cell_codes(cell: dict[str, Any]) -> list[Any]:
+        hidden = cells.codes.get((str(cell.get("invariant_id")), str(cell.get("scenario"))))
+        return [c for c in cell.get("failure_codes") or [] if not hidden or c not in hidden]
+
+    shown = dict(summary)
+    shown["why_failed"] = [
+        {
+            **row,
+            "reason": blind_reason(str(row.get("reason") or ""), named(str(row.get("where")))),
+        }
+        for row in summary.get("why_failed") or []
+        if isinstance(row, dict)
+    ]
+    shown["matrix"] = [
+        {**cell, "failure_codes": cell_codes(cell)}
+        for cell in summary.get("matrix") or []
+        if isinstance(cell, dict)
+    ]
+    shown["groups"] = [
+        {
+            **group,
+            "failure_codes": [
+                c
+                for c in group.get("failure_codes") or []
+                if c not in scenario_codes[str(group.get("scenario"))]
+            ],
+            "invariant_scores": {
+                k: v
+                for k, v in (group.get("invariant_scores") or {}).items()
+                if k not in scenario_invariants[str(group.get("scenario"))]
+            },
+        }
+        for group in summary.get("groups") or []
+        if isinstance(group, dict)
+    ]
+    return shown
+
+
+def blind_reason(reason: str, hidden_invariants: Any) -> str:
+    """An execution's "why it did not pass" (checks.scoring.failure_reason), unless it
+    names a result hidden for blind review: it would quote that result's score ("gate
+    `polite` scored 0.3") or message. Then it says so instead."""
+    if reason and any(f"`{invariant}`" in reason for invariant in hidden_invariants):
+        return f"{BLIND_HIDDEN} (the reason names a result under blind review)"
+    return reason

@@ -36,11 +36,16 @@ def _pretty(value: Any, limit: int = DETAILS_MAX_CHARS) -> str:
 
 
 def _result_rows(
-    results: list[CheckResult], pending_reviews: dict[int, ReviewItem]
+    results: list[CheckResult],
+    pending_reviews: dict[int, ReviewItem],
+    hidden: dict[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Results with their details as text, whether a stronger source (a person over the
     judge, the judge over the engine) overrides them for their invariant, and the review
-    item each one is waiting in, if any."""
+    item each one is waiting in, if any. A result in `hidden` (selectors.blind_hidden_results:
+    under blind review, not graded by this person yet) keeps its verdict, score, failure
+    code, message and details out of the page; `hidden_item` is the item that hides it."""
+    hidden = hidden or {}
     strongest: dict[str, CheckResult] = {}
     for result in results:
         current = strongest.get(result.invariant_id)
@@ -50,13 +55,28 @@ def _result_rows(
     return [
         {
             "result": result,
-            "details": _pretty(result.details),
+            "hidden_item": hidden.get(result.pk),
+            "details": "" if result.pk in hidden else _pretty(result.details),
             "overridden": strongest[result.invariant_id].pk != result.pk,
             "review_item": pending_reviews.get(result.pk),
             "gradable": gradable(result.check_type, result.details),
         }
         for result in results
     ]
+
+
+def _changes(changes: list[Any], hidden: dict[int, int]) -> list[Any]:
+    for change in changes:
+        change.hidden = change.check_result_id in hidden
+    return changes
+
+
+def _reason(execution: Any, results: list[CheckResult], hidden: dict[int, int]) -> str:
+    """Why the execution did not pass, unless the words come from a result hidden for
+    blind review (a gate's score, a judge's message). The execution's own verdict and
+    composite are an aggregate, and stay."""
+    reason = selectors.execution_reason(execution, results)
+    return selectors.blind_reason(reason, {r.invariant_id for r in results if r.pk in hidden})
 
 
 def _blob(artifact: Artifact | None) -> selectors.ArtifactText | None:
@@ -129,15 +149,17 @@ def execution_detail(request: HttpRequest, project_slug: str, execution_id: int)
     db_writes, db_problem = _json_artifact(by_kind.get(ArtifactKind.DB_WRITES), list)
     previous_id, next_id = selectors.execution_neighbours(execution)
     results = selectors.execution_results(execution)
+    hidden = selectors.blind_hidden_results(request.user, execution_id=execution.pk)
     context = {
         "access": access,
         "execution": execution,
         "run": execution.run,
         "artifacts": artifacts,
         "by_kind": by_kind,
-        "results": _result_rows(results, selectors.pending_review_items(execution)),
-        # Human verdicts that replaced a result: who, when, before and after.
-        "changes": selectors.result_changes(execution),
+        "results": _result_rows(results, selectors.pending_review_items(execution), hidden),
+        # Human verdicts that replaced a result: who, when, before and after (the before
+        # side of a result now under blind review again stays hidden).
+        "changes": _changes(selectors.result_changes(execution), hidden),
         "forbidden": [_pretty(v) for v in execution.forbidden_violations],
         "transcript": selectors.execution_transcript(trace),
         "timeline": selectors.execution_timeline(trace, http_log, started=execution.started),
@@ -151,7 +173,8 @@ def execution_detail(request: HttpRequest, project_slug: str, execution_id: int)
         "db_writes": [w for w in db_writes if isinstance(w, dict)],
         "db_problem": db_problem,
         "reproducer": selectors.execution_reproducer(execution),
-        "reason": selectors.execution_reason(execution, results),
+        "reason": _reason(execution, results, hidden),
+        "blind_hidden": selectors.BLIND_HIDDEN,
         "previous_id": previous_id,
         "next_id": next_id,
         "plan_invariants": execution.plan.get("invariant_ids") or [],

@@ -287,6 +287,10 @@ def run_detail(request: HttpRequest, project_slug: str, run_id: int) -> HttpResp
     if found is None:
         raise Http404("No such run in this project.")
     run, summary = found
+    if run.is_terminal:
+        # Blind review: what the summary says of results this person has not graded yet.
+        cells = selectors.blind_hidden_cells(request.user, run_id=run.pk)
+        summary = selectors.blind_summary(summary, cells)
     context = _run_context(access, run, summary)
     if is_htmx(request):
         content = render_to_string("runs/run_detail.html#live", context, request=request)
@@ -323,12 +327,25 @@ def run_cell(request: HttpRequest, project_slug: str, run_id: int) -> HttpRespon
     rows, next_after = selectors.run_cell_rows(
         run, scenario=scenario, invariant=invariant, after=after
     )
+    # Blind review: the results this person may not see yet (one query for the page).
+    hidden = selectors.blind_hidden_results(
+        request.user, run_id=run.pk, result_ids=[r.pk for row in rows for r in row.results]
+    )
     context = {
         "access": access,
         "run": run,
         "scenario": scenario,
         "invariant": invariant,
-        "rows": rows,
+        "rows": [
+            {
+                "execution": row.execution,
+                "results": row.results,
+                "effective": row.effective,
+                "hidden_item": hidden.get(row.effective.pk) if row.effective else None,
+            }
+            for row in rows
+        ],
+        "blind_hidden": selectors.BLIND_HIDDEN,
         "next_after": next_after,
         "paged": after_text != "0",
     }
@@ -438,10 +455,10 @@ class _Echo:
         return value
 
 
-def _csv_lines(run_id: int) -> Iterator[str]:
+def _csv_lines(run_id: int, hidden: dict[int, int]) -> Iterator[str]:
     writer = csv.writer(_Echo())
     yield writer.writerow(selectors.RESULT_CSV_COLUMNS)
-    for row in selectors.run_result_rows(run_id):
+    for row in selectors.run_result_rows(run_id, hidden):
         yield writer.writerow(row)
 
 
@@ -449,19 +466,25 @@ def _csv_lines(run_id: int) -> Iterator[str]:
 @require_GET
 def run_export(request: HttpRequest, project_slug: str, run_id: int, fmt: str) -> HttpResponseBase:
     """The run's reports as the CLI writes them (checks.reporters, from the stored results),
-    or every check result as CSV, streamed row by row."""
+    or every check result as CSV, streamed row by row. The results under blind review that
+    this person has not graded are hidden (selectors.blind_hidden_results)."""
     access = project_for(request, project_slug)
     if fmt not in REPORT_FORMATS and fmt != "csv":
         raise Http404(f"Unknown export format {fmt!r}: json, junit, md or csv.")
     run = _project_run(access, run_id)
     stem = f"{run.spec.slug}-run-{run.pk}"
+    hidden = selectors.blind_hidden_results(request.user, run_id=run.pk)
     response: HttpResponse | StreamingHttpResponse
     if fmt == "csv":
-        response = StreamingHttpResponse(_csv_lines(run.pk), content_type="text/csv; charset=utf-8")
+        response = StreamingHttpResponse(
+            _csv_lines(run.pk, hidden), content_type="text/csv; charset=utf-8"
+        )
         response["Content-Disposition"] = f'attachment; filename="{stem}-results.csv"'
         return response
     render_report, content_type, suffix = REPORT_FORMATS[fmt]
-    response = HttpResponse(render_report(selectors.run_report(run)), content_type=content_type)
+    response = HttpResponse(
+        render_report(selectors.run_report(run, hidden)), content_type=content_type
+    )
     response["Content-Disposition"] = f'attachment; filename="{stem}{suffix}"'
     return response
 
