@@ -110,32 +110,20 @@ def check_result_out(result: Any, hidden: dict[int, int]) -> CheckResultOut:
     """One stored result as the API shows it to a person: in full, or, when `hidden`
     (selectors.blind_hidden_results) holds it, without its verdict."""
     item_id = hidden.get(result.pk)
-    if item_id is not None:
-        return CheckResultOut(
-            invariant_id=result.invariant_id,
-            check_type=result.check_type,
-            source=result.source,
-            passed=None,
-            score=None,
-            failure_code="",
-            message=selectors.BLIND_HIDDEN,
-            severity=result.severity,
-            gate=result.gate,
-            details={},
-            hidden_for_blind_review=True,
-            review_item_id=item_id,
-        )
+    shown = item_id is None
     return CheckResultOut(
         invariant_id=result.invariant_id,
         check_type=result.check_type,
         source=result.source,
-        passed=result.passed,
-        score=result.score,
-        failure_code=result.failure_code,
-        message=result.message,
+        passed=result.passed if shown else None,
+        score=result.score if shown else None,
+        failure_code=result.failure_code if shown else "",
+        message=result.message if shown else selectors.BLIND_HIDDEN,
         severity=result.severity,
         gate=result.gate,
-        details=result.details if isinstance(result.details, dict) else {},
+        details=(result.details if isinstance(result.details, dict) else {}) if shown else {},
+        hidden_for_blind_review=not shown,
+        review_item_id=item_id,
     )
 
 
