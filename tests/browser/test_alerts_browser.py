@@ -8,10 +8,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import pytest
 
 from evaluations import services
 from evaluations.models import AlertFiring, Membership, Project, Role, Run
+from tests.http_peer import HttpPeer, PeerHandler
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -40,21 +39,14 @@ invariants:
 def receiver() -> Iterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
     received: list[tuple[dict[str, str], bytes]] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(PeerHandler):
         def do_POST(self) -> None:  # noqa: N802
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            received.append((dict(self.headers), body))
+            received.append((dict(self.headers), self.read_body()))
             self.send_response(200)
             self.end_headers()
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook", received
-    server.shutdown()
-    server.server_close()
+    with HttpPeer(Handler) as peer:
+        yield f"{peer.url}/hook", received
 
 
 def _wait_until(condition: Any, seconds: float = 60) -> None:

@@ -12,7 +12,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -32,6 +31,7 @@ from checks.report_model import ExecutionRecord
 from checks.results import FailureCode
 from checks.scoring import EXIT_PROVIDER_ERROR, exit_code_for
 from checks.spec.model import Invariant
+from tests.http_peer import HttpPeer, PeerHandler
 
 
 def verdict(score: float, reasoning: str = "fine", **extra: Any) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def verdict(score: float, reasoning: str = "fine", **extra: Any) -> dict[str, An
     }
 
 
-class FakeProvider:
+class FakeProvider(HttpPeer):
     """An OpenAI-compatible server: chat completions from `script` (then `default`), and
     embeddings. A script entry is {content} or {status, body, headers}, with optional delay."""
 
@@ -56,12 +56,9 @@ class FakeProvider:
         self.lock = threading.Lock()
         provider = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                return
-
+        class Handler(PeerHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                body = json.loads(self.read_body() or b"{}")
                 with provider.lock:
                     provider.requests.append(body)
                     provider.paths.append(self.path)
@@ -75,38 +72,24 @@ class FakeProvider:
                 try:
                     time.sleep(step.get("delay", 0.0))
                     if self.path.endswith("/embeddings"):
-                        self._json(200, _embeddings(body))
+                        self.send_json(200, _embeddings(body))
                     elif "status" in step:
-                        self._json(step["status"], step.get("body", {}), step.get("headers", {}))
+                        self.send_json(
+                            step["status"], step.get("body", {}), step.get("headers", {})
+                        )
                     else:
-                        self._json(200, _completion(body, step["content"]))
+                        self.send_json(200, _completion(body, step["content"]))
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (its timeout): nothing to answer
                 finally:
                     with provider.lock:
                         provider.in_flight -= 1
 
-            def _json(
-                self, status: int, payload: Any, headers: dict[str, str] | None = None
-            ) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        super().__init__(Handler, poll_interval=0.05)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return f"{self.url}/v1"
 
     def chat_requests(self) -> list[dict[str, Any]]:
         return [
@@ -161,11 +144,8 @@ def _embeddings(request: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def provider() -> Iterator[FakeProvider]:
-    fake = FakeProvider()
-    fake.thread.start()
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
+    with FakeProvider() as fake:
+        yield fake
 
 
 class RecordingSleep:

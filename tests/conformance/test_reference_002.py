@@ -6,14 +6,13 @@ and nothing is said. A real HTTP agent that remembers how often it was asked."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.cli_helpers import embedded_env, run_keystone
+from tests.http_peer import HttpPeer, PeerHandler
 
 WARNING = (
     "Warning: No reset_endpoint configured. Contract matrix cells may share state. "
@@ -21,37 +20,24 @@ WARNING = (
 )
 
 
-class CountingAgent(BaseHTTPRequestHandler):
+class CountingAgent(PeerHandler):
     calls = 0
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.read_body()
         if self.path == "/reset":
             CountingAgent.calls = 0
             body = b"{}"
         else:
             CountingAgent.calls += 1
             body = json.dumps({"output": f"answer number {CountingAgent.calls}"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_json(200, body)
 
 
 @pytest.fixture
 def agent_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), CountingAgent)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with HttpPeer(CountingAgent) as peer:
+        yield peer.url
 
 
 def _spec(url: str, reset: bool) -> str:

@@ -9,10 +9,8 @@ import hashlib
 import hmac
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from email import message_from_bytes, policy
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +21,12 @@ from evaluations import services
 from evaluations.models import AlertFiring, ChannelKind, FiringStatus, Project
 from tests.evaluations.alert_history import NOW, finished_run, spec_in
 from tests.evaluations.execution_helpers import run_spec
+from tests.http_peer import HttpPeer, PeerHandler
 
 SECRET = "s3cret-for-signing"
 
 
-class Receiver:
+class Receiver(HttpPeer):
     """An HTTP server in a thread that answers POSTs with the scripted statuses in turn
     (then 200) and keeps what it received."""
 
@@ -36,26 +35,16 @@ class Receiver:
         self.requests: list[tuple[dict[str, str], bytes]] = []
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(PeerHandler):
             def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.requests.append((dict(self.headers), body))
+                receiver.requests.append((dict(self.headers), self.read_body()))
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
                 self.send_response(status)
                 self.end_headers()
                 self.wfile.write(b"ok")
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
+        self.url = f"{self.url}/hook"
 
     def payloads(self) -> list[dict[str, Any]]:
         return [json.loads(body) for _, body in self.requests]
@@ -63,9 +52,8 @@ class Receiver:
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    server = Receiver([])
-    yield server
-    server.close()
+    with Receiver([]) as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,6 @@ database, committed: the lease watcher has its own connection).
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from evaluations import services
 from evaluations.models import Artifact, ArtifactKind, Execution, Project
 from evaluations.runner.llm_faults import parse_llm_faults, select_fault
 from tests.evaluations.execution_helpers import run_spec
+from tests.http_peer import HttpPeer
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -340,12 +339,6 @@ def test_support_agent_through_every_fault_matches_the_hand_computed_matrix(
 # --- The Flakestorm finance contract (reference document 001) -------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def finance_agent() -> Iterator[int]:
     """The example HTTP finance agent (examples/agents/finance_agent) on a free port."""
@@ -356,14 +349,8 @@ def finance_agent() -> Iterator[int]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    server = module.make_server("127.0.0.1", _free_port())
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
+    with HttpPeer(module.make_server("127.0.0.1", 0)) as peer:
+        yield peer.port
 
 
 def test_finance_contract_runs_end_to_end_with_the_hand_computed_resilience(

@@ -15,12 +15,12 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.cli_helpers import REPO_ROOT, embedded_env, run_keystone
+from tests.http_peer import HttpPeer, PeerHandler
 
 # The `keystone run` tests run a subprocess on a real SQLite file (the embedded default) in
 # both passes. The pollers' test runs in this process, on the test database: on PostgreSQL
@@ -144,19 +144,12 @@ def _two_agents_running(
 def hanging_http_server() -> Iterator[str]:
     """The URL of a server that answers any POST after 120 s (an agent, a judge)."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(PeerHandler):
         def do_POST(self) -> None:
             time.sleep(120)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/invoke"
-    server.shutdown()
-    server.server_close()
+    with HttpPeer(Handler) as peer:  # its request threads are daemons: none holds the close
+        yield f"{peer.url}/invoke"
 
 
 JUDGED = """

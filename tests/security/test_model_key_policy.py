@@ -7,9 +7,6 @@ secret, and the spec is refused naming the field, as `secrets` is."""
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +16,7 @@ from checks.spec import SpecValidationError
 from evaluations import services
 from evaluations.models import Project
 from tests.cli_helpers import embedded_env, run_keystone
+from tests.http_peer import HttpPeer, PeerHandler
 
 CANARY = "django-secret-key-7d41"
 
@@ -55,39 +53,25 @@ ANSWER = {
 }
 
 
-class _Recorder(BaseHTTPRequestHandler):
+class _Recorder(PeerHandler):
     """The address the spec chose as its model: records what the worker sends it."""
 
     seen: list[str] = []
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
         self.seen.append(self.headers.get("Authorization") or "")
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = json.dumps(ANSWER).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.read_body()
+        self.send_json(200, ANSWER)
 
 
 def test_keystone_run_never_sends_the_servers_secret_key_as_a_model_key(tmp_path: Path) -> None:
-    server = HTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with HttpPeer(_Recorder) as peer:
         spec = tmp_path / "spec.yaml"
-        base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        spec.write_text(SPEC.replace("{base_url}", base_url))
+        spec.write_text(SPEC.replace("{base_url}", f"{peer.url}/v1"))
         env = embedded_env(
             tmp_path / "home", SECRET_KEY=CANARY, KEYSTONE_POLICY_MIN_BACKEND="local"
         )
         done = run_keystone("run", str(spec), env=env)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert not any(CANARY in header for header in _Recorder.seen), _Recorder.seen
     assert done.returncode == 2, done.stdout + done.stderr
     assert "llm.api_key_env" in done.stderr and "server's own settings" in done.stderr

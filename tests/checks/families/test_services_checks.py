@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
 import urllib.request
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import psycopg
@@ -17,6 +15,7 @@ import pytest
 
 from checks.context import CheckContext
 from checks.results import FailureCode
+from tests.http_peer import HttpPeer, PeerHandler
 
 # --- SQL -----------------------------------------------------------------------------------
 
@@ -153,7 +152,7 @@ def test_postgres_query_error_is_check_error(run_check, postgres_db):
 # --- HTTP mock -----------------------------------------------------------------------------
 
 
-class RecordingMock:
+class RecordingMock(HttpPeer):
     """A real HTTP server on 127.0.0.1 that answers 202 and records every request."""
 
     type = "http_mock"
@@ -163,9 +162,8 @@ class RecordingMock:
         self.requests = []
         recorder = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(PeerHandler):
             def _record(self):
-                length = int(self.headers.get("Content-Length") or 0)
                 parts = urlsplit(self.path)
                 recorder.requests.append(
                     {
@@ -173,7 +171,7 @@ class RecordingMock:
                         "path": parts.path,
                         "query": parts.query,
                         "headers": dict(self.headers.items()),
-                        "body": self.rfile.read(length).decode() if length else "",
+                        "body": self.read_body().decode(),
                         "time": time.time(),
                     }
                 )
@@ -184,13 +182,7 @@ class RecordingMock:
 
             do_GET = do_POST = do_PUT = _record
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__(Handler)
 
     def send(self, method, path, body=None, headers=None):
         data = (
@@ -213,18 +205,11 @@ class RecordingMock:
     def describe(self):
         return {"type": self.type, "url": self.url}
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
 
 @pytest.fixture
 def smtp():
-    mock = RecordingMock("smtp")
-    try:
+    with RecordingMock("smtp") as mock:
         yield mock
-    finally:
-        mock.close()
 
 
 def _http(*assertions):

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from hypothesis import given
@@ -11,6 +9,7 @@ from hypothesis import strategies as st
 from checks.context import CheckContext
 from checks.families._common import lexical_similarity
 from checks.results import FailureCode
+from tests.http_peer import HttpPeer, PeerHandler
 
 
 class Embedder:
@@ -155,31 +154,17 @@ def test_similarity_from_a_broken_embedding_endpoint_is_no_verdict(vectors, run_
         }
     ).encode()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(PeerHandler):
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.read_body()
+            self.send_json(200, body)
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        judge = JudgeClient(
-            JudgeSettings(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="k")
-        )
+    with HttpPeer(Handler) as peer:
+        judge = JudgeClient(JudgeSettings(base_url=f"{peer.url}/v1", api_key="k"))
         config = {"type": "similarity", "expected": "abc", "method": "embedding", "threshold": 0.9}
         outcome = run_check(
             config, output="something else entirely", context=CheckContext(judge=judge)
         )
-    finally:
-        server.shutdown()
-        server.server_close()
     assert not outcome.passed
     assert outcome.failure_code is FailureCode.CHECK_ERROR, outcome
     assert "embedding provider returned" in outcome.message

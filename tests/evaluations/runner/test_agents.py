@@ -9,7 +9,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from evaluations.runner.agents import (
 )
 from evaluations.runner.sandbox import DockerSandbox, LocalSandbox, Sandbox
 from evaluations.runner.workspace import create_workspace, diff, snapshot
+from tests.http_peer import HttpPeer, PeerHandler
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SHELL_AGENT = PROJECT_ROOT / "examples" / "agents" / "shell_agent"
@@ -370,7 +370,7 @@ def test_python_agent_host_runs_without_keystone_importable(
 # --------------------------------------------------------------------------- http agents
 
 
-class _AgentServer:
+class _AgentServer(HttpPeer):
     """A real HTTP agent on 127.0.0.1 that records what it receives."""
 
     def __init__(self) -> None:
@@ -380,47 +380,29 @@ class _AgentServer:
         self.reply: Any = {"output": "default"}
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(PeerHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode()
                 owner.requests.append(
                     {
                         "path": self.path,
                         "headers": dict(self.headers),
-                        "body": body,
+                        "body": self.read_body().decode(),
                         "method": self.command,
                     }
                 )
                 time.sleep(owner.delay)
-                payload = json.dumps(owner.reply).encode()
-                self.send_response(owner.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # client gave up
-                    self.wfile.write(payload)
+                    self.send_json(owner.status, owner.reply)
 
             do_PUT = do_POST
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture
 def agent_server() -> Iterator[_AgentServer]:
-    server = _AgentServer()
-    yield server
-    server.close()
+    with _AgentServer() as server:
+        yield server
 
 
 def test_http_agent_substitutes_the_prompt_json_safely_and_follows_the_response_path(

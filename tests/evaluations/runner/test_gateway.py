@@ -7,11 +7,9 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from evaluations.runner.gateway import Gateway, GatewayConfigError
 from evaluations.runner.llm_faults import parse_llm_faults, select_fault
 from evaluations.runner.pricing import cost_usd
 from evaluations.runner.scripted import ScriptedServer
+from tests.http_peer import HttpPeer, PeerHandler
 
 ROOT = Path(__file__).resolve().parents[3]
 AGENT_DIR = ROOT / "examples" / "agents"
@@ -363,41 +362,26 @@ def test_same_seed_same_faulted_calls_and_other_seed_differs() -> None:
 # --------------------------------------------------------------------------- the example agent, for real
 
 
-class _ToolServer:
+class _ToolServer(HttpPeer):
     """A tiny HTTP tool that answers with an order and remembers what it was sent."""
 
     def __init__(self, answer: dict[str, Any], status: int = 200) -> None:
         self.bodies: list[Any] = []
         tool = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(PeerHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                tool.bodies.append(json.loads(self.rfile.read(length) or b"null"))
-                payload = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                tool.bodies.append(json.loads(self.read_body() or b"null"))
+                self.send_json(status, answer)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/lookup"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(Handler)
+        self.url = f"{self.url}/lookup"
 
 
 @pytest.fixture
 def order_tool() -> Iterator[_ToolServer]:
-    tool = _ToolServer({"order_id": 1042, "status": "paid", "amount": 20})
-    yield tool
-    tool.close()
+    with _ToolServer({"order_id": 1042, "status": "paid", "amount": 20}) as tool:
+        yield tool
 
 
 def _run_agent(gateway: Gateway, prompt: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
@@ -486,13 +470,9 @@ def test_support_agent_prints_a_truncated_answer() -> None:
 
 
 def test_support_agent_gives_tool_errors_back_to_the_model() -> None:
-    failing = _ToolServer({"error": "down"}, status=503)
-    try:
-        with Gateway(SCRIPTED) as gateway:
-            done = _run_agent(gateway, "refund 1042", KEYSTONE_TOOL_LOOKUP_ORDER_URL=failing.url)
-            calls = gateway.calls()
-    finally:
-        failing.close()
+    with _ToolServer({"error": "down"}, status=503) as failing, Gateway(SCRIPTED) as gateway:
+        done = _run_agent(gateway, "refund 1042", KEYSTONE_TOOL_LOOKUP_ORDER_URL=failing.url)
+        calls = gateway.calls()
     assert done.returncode == 0
     assert "HTTP 503 from the tool" in done.stdout
     assert "HTTP 503" in calls[1].request["messages"][-1]["content"]

@@ -5,9 +5,7 @@ from __future__ import annotations
 import base64
 import codecs
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from evaluations.runner.mutations import (
     mutate,
     mutation_score,
 )
+from tests.http_peer import HttpPeer, PeerHandler
 
 PROMPT = "Please refund order 1042 and send the customer an email about it"
 
@@ -214,23 +213,18 @@ def test_mutation_score_takes_weight_overrides_and_handles_no_results() -> None:
 # -- LLM generation ----------------------------------------------------------------------------
 
 
-class FakeOpenAI:
+class FakeOpenAI(HttpPeer):
     """A real HTTP server speaking the OpenAI chat-completions JSON."""
 
     def __init__(self, reply: str) -> None:
         self.requests: list[dict[str, Any]] = []
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(PeerHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                fake.requests.append(
-                    {"path": self.path, "body": json.loads(self.rfile.read(length))}
-                )
-                payload = json.dumps(
+                fake.requests.append({"path": self.path, "body": json.loads(self.read_body())})
+                self.send_json(
+                    200,
                     {
                         "id": "cmpl-1",
                         "object": "chat.completion",
@@ -244,30 +238,17 @@ class FakeOpenAI:
                             }
                         ],
                         "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                    },
+                )
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler, poll_interval=0.05)
+        self.base_url = f"{self.url}/v1"
 
 
 @pytest.fixture
 def fake_openai(request: pytest.FixtureRequest) -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI(getattr(request, "param", '"Could you refund order 1042?"'))
-    yield server
-    server.close()
+    with FakeOpenAI(getattr(request, "param", '"Could you refund order 1042?"')) as server:
+        yield server
 
 
 def test_generate_with_llm_asks_the_configured_endpoint_for_the_type(

@@ -5,9 +5,7 @@ reason; the agent is not run on the state the previous cell left behind."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -16,35 +14,26 @@ import pytest
 from checks.planning import PlannedExecution
 from checks.spec.model import Spec
 from evaluations.runner.harness import ExecutionOutcome, HarnessConfig, run_execution
+from tests.http_peer import HttpPeer, PeerHandler
 
 
-class _Agent(BaseHTTPRequestHandler):
+class _Agent(PeerHandler):
     asked: list[str] = []
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.read_body()
         _Agent.asked.append(self.path)
         status, body = (
             (500, b"reset broke") if self.path == "/reset" else (200, b'{"output": "hi"}')
         )
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.send_json(status, body)
 
 
 @pytest.fixture
 def agent_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Agent)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _Agent.asked = []
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    with HttpPeer(_Agent) as peer:
+        _Agent.asked = []
+        yield peer.url
 
 
 def _run(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
 import os
 import resource
 import socket
@@ -24,6 +23,7 @@ from evaluations.runner.sandbox import (
     disk_usage,
     select_backend,
 )
+from tests.http_peer import HttpPeer, PeerHandler
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
@@ -602,43 +602,29 @@ def test_docker_network_none_leaves_only_loopback(
 def test_docker_network_services_reaches_the_declared_endpoints_only(
     docker_sandbox: DockerSandbox, workspace: Path
 ) -> None:
-    import http.server
-
-    servers = []
-    for _ in range(2):
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-    declared, undeclared = (server.server_address[1] for server in servers)
-    try:
+    with HttpPeer(_Hello) as declared, HttpPeer(_Hello) as undeclared:
         result = docker_sandbox.run(
-            f"wget -q -O - http://127.0.0.1:{declared}/ && echo; "
-            f"wget -q -O - http://127.0.0.1:{undeclared}/ || echo undeclared-refused",
+            f"wget -q -O - {declared.url}/ && echo; "
+            f"wget -q -O - {undeclared.url}/ || echo undeclared-refused",
             workspace=workspace,
             env={},
             timeout=30,
             network="services",
-            egress=[Endpoint("127.0.0.1", declared)],
+            egress=[Endpoint("127.0.0.1", declared.port)],
         )
-    finally:
-        for server in servers:
-            server.shutdown()
     assert result.error is None, result.error
     assert "hello from the host" in result.stdout, result.stdout + result.stderr
     assert "undeclared-refused" in result.stdout
     assert result.stdout.count("hello from the host") == 1
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
+class _Hello(PeerHandler):
     def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
         body = b"hello from the host"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 def test_command_exit_gives_no_verdict_when_the_sandbox_cannot_start_the_command(

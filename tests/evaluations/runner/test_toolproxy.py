@@ -10,17 +10,17 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from evaluations.runner.toolproxy import ToolProxy, tool_env_name
+from tests.http_peer import HttpPeer, PeerHandler
 
 UPSTREAM_DOCUMENT = {"title": "Order 1042", "items": ["lamp", "desk"], "total": 42}
 
 
-class Upstream:
+class Upstream(HttpPeer):
     """A real tool server that answers JSON and remembers what it was sent."""
 
     def __init__(self) -> None:
@@ -28,18 +28,13 @@ class Upstream:
         self.body_text: str | None = None  # answer this text instead of the JSON document
         upstream = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(PeerHandler):
             def do_GET(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode() if length else ""
                 upstream.requests.append(
                     {
                         "method": self.command,
                         "path": self.path,
-                        "body": body,
+                        "body": self.read_body().decode(),
                         "headers": dict(self.headers.items()),
                     }
                 )
@@ -48,32 +43,22 @@ class Upstream:
                 else:
                     payload = json.dumps({**UPSTREAM_DOCUMENT, "path": self.path}).encode()
                     content_type = "application/json"
-                self.send_response(201 if self.command == "POST" else 200)
-                self.send_header("Content-Type", content_type)
-                self.send_header("X-Upstream", "yes")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                self.send_json(
+                    201 if self.command == "POST" else 200,
+                    payload,
+                    {"X-Upstream": "yes"},
+                    content_type=content_type,
+                )
 
             do_POST = do_PUT = do_DELETE = do_GET
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler, poll_interval=0.05)
 
 
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
-    server = Upstream()
-    yield server
-    server.close()
+    with Upstream() as server:
+        yield server
 
 
 def call(
