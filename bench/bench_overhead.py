@@ -96,6 +96,7 @@ def one_execution(sandbox: Sandbox, root: Path, spec_dir: Path) -> tuple[float, 
             )
     finally:
         remove_workspace(workspace)
+        sandbox.release()  # as the harness does at the end of each execution
     wall = (time.perf_counter() - started) * 1000
     agent = result.agent_cpu_ms or 0.0
     return wall, agent, wall - agent

@@ -19,6 +19,8 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from evaluations.runner import local_uids as _local_uids
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -345,6 +347,17 @@ if KEYSTONE_POLICY_MIN_BACKEND not in {"", "local", "bwrap", "docker"}:
     raise ImproperlyConfigured(
         f"KEYSTONE_POLICY_MIN_BACKEND={KEYSTONE_POLICY_MIN_BACKEND!r}: use local, bwrap, docker or empty"
     )
+# With Keystone running as root, each `local` execution's agent runs as a uid of its own from
+# this range (FIRST-LAST), held for the execution's life through a lock file per uid under
+# /run/keystone/local-uids (unique across every Keystone process of the host) and given back
+# afterwards; its workspace is that uid's, mode 0700. The default lies above every account's,
+# service's, container's and subordinate id's range; it bounds how many local executions run
+# at once on one host (evaluations/runner/local_uids.py, docs/security.md).
+KEYSTONE_LOCAL_UIDS = env_str("KEYSTONE_LOCAL_UIDS", _local_uids.DEFAULT_RANGE)
+try:
+    _local_uids.parse_range(KEYSTONE_LOCAL_UIDS)
+except ValueError as _exc:
+    raise ImproperlyConfigured(str(_exc)) from None
 # Comma-separated names a spec may list under `secrets`; unset = any name that is not one of
 # the server's own settings (those are never passed, whatever this says).
 _allowed_secrets = os.environ.get("KEYSTONE_POLICY_ALLOWED_SECRETS")

@@ -208,6 +208,12 @@ class CommandCgroup:
         join = _JOIN % then
         return ["/bin/sh", "-c", join, "keystone-cgroup", *procs, "--", *argv]
 
+    @property
+    def kills_leftovers(self) -> bool:
+        """Whether the command runs in a group of its own, whose processes (all it starts,
+        none able to leave) are killed on exit."""
+        return bool(self.paths)
+
     def pids_hit_limit(self) -> bool:
         """Whether the command was refused a process because of the ceiling."""
         for path in self.paths:

@@ -265,6 +265,13 @@ def run_execution(
                 ws.remove_workspace(workspace)
             except OSError:
                 logger.warning("could not remove the workspace %s", workspace, exc_info=True)
+        # Last: the local backend's uid is given back only once nothing of the execution
+        # (its processes, its workspace: taken back to root when it is kept or was not
+        # removed) is left to the uid's next holder.
+        try:
+            sandbox.release(workspace if workspace.exists() else None)
+        except Exception:  # noqa: BLE001 - cleaning up does not change the outcome either
+            logger.warning("could not release the sandbox of %s", workspace, exc_info=True)
     return ExecutionOutcome(artifact, results, violations, warnings, agent_cpu_ms, workspace)
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from checks import safe_files
 from checks.context import CommandResult, CommandRunner
-from evaluations.runner import relay
+from evaluations.runner import local_uids, relay
 from evaluations.runner.cgroups import CommandCgroup
 from evaluations.runner.egress import EgressRelay, Endpoint, trap_ports
 
@@ -191,6 +191,11 @@ class Sandbox(ABC):
         finally:
             with self._lock:
                 self._stops.remove(stop)
+
+    def release(self, workspace: Path | None = None) -> None:
+        """The execution is over (its last command ended): give back what the sandbox held
+        for it (the local backend's uid). `workspace`: the workspace when it stays on disk."""
+        return None  # the other backends hold nothing beyond a command
 
     def workspace_path(self, workspace: Path) -> str:
         """Where the workspace appears to the command."""
@@ -437,13 +442,16 @@ def _limits(cpu_seconds: int | None, memory_mb: int | None, max_file_bytes: int 
 NOBODY = 65534
 
 
-def _hand_to_nobody(workspace: Path) -> None:
-    """Make the workspace nobody's, so an agent running as nobody can write it. Links are
-    changed, never followed (lchown; os.walk does not descend into them)."""
+def _hand_to(workspace: Path, uid: int) -> None:
+    """Make the workspace `uid`'s (group too), its top directory closed to every other user
+    (0700): an agent running as `uid` can write it, no other execution's agent can enter it,
+    and Keystone (root) still reads and removes all of it. Links are changed, never followed
+    (lchown; os.walk does not descend into them)."""
     for directory, dirnames, filenames in os.walk(workspace):
-        os.lchown(directory, NOBODY, NOBODY)
+        os.lchown(directory, uid, uid)
         for name in dirnames + filenames:
-            os.lchown(os.path.join(directory, name), NOBODY, NOBODY)
+            os.lchown(os.path.join(directory, name), uid, uid)
+    os.chmod(workspace, 0o700)
 
 
 def _closed_to_others(path: Path) -> Path | None:
@@ -710,15 +718,44 @@ SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"  # util-linux, like prli
 
 class LocalSandbox(_ProcessSandbox):
     """No isolation beyond a process group and session, rlimits, a clean environment and,
-    when the worker is root, another user: `nobody`, so the agent can neither signal the
-    worker nor read its files."""
+    when the worker is root, a user of the execution's own: a uid of KEYSTONE_LOCAL_UIDS
+    (local_uids.py) held from its first command until `release`, so the agent can neither
+    signal the worker nor read its files, nor enter another execution's workspace (mode
+    0700, its own uid's) or read its processes' environment."""
 
     name = "local"
 
-    def _runs_as_nobody(self, workspace: Path) -> bool:
-        # As nobody wherever nobody can reach the workspace (without a mount namespace there
-        # is no other way in); elsewhere the run carries a warning (run_warnings).
+    def __init__(self, uids: range | None = None) -> None:
+        super().__init__()
+        self._uids = uids  # None: the configured range, read when a uid is first needed
+        self._lease: local_uids.UidLease | None = None
+        self._lease_lock = threading.Lock()
+
+    def _runs_as_own_uid(self, workspace: Path) -> bool:
+        # As its own uid wherever another user can reach the workspace (without a mount
+        # namespace there is no other way in); elsewhere the run carries a warning
+        # (run_warnings).
         return os.getuid() == 0 and _closed_to_others(workspace) is None
+
+    @property
+    def uid(self) -> int | None:
+        """The uid this execution's agent runs as, once its first command has started."""
+        lease = self._lease
+        return None if lease is None else lease.uid
+
+    def _hold_uid(self) -> local_uids.UidLease:
+        with self._lease_lock:
+            if self._lease is None:
+                self._lease = local_uids.acquire(self._uids)
+            return self._lease
+
+    def release(self, workspace: Path | None = None) -> None:
+        """The execution is over: kill whatever its agent left running, give `workspace`
+        back to root if it is still on disk (kept), then give the uid back."""
+        with self._lease_lock:
+            lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release(workspace)
 
     def run_warnings(self, workspace: Path) -> list[str]:
         if os.getuid() != 0:
@@ -730,25 +767,34 @@ class LocalSandbox(_ProcessSandbox):
         blocked = _closed_to_others(workspace)
         if blocked is not None:
             return [
-                "the local backend runs the agent as root, the worker's own user: nobody "
-                f"(uid {NOBODY}) cannot traverse {blocked} to reach the workspace (keep "
-                "KEYSTONE_HOME where other users can traverse, or use sandbox.backend: bwrap)"
+                "the local backend runs the agent as root, the worker's own user: the "
+                f"execution's uid (one of {local_uids.SETTING}) cannot traverse "
+                f"{blocked} to reach the workspace (keep KEYSTONE_HOME where other users can "
+                "traverse, or use sandbox.backend: bwrap)"
             ]
         interpreter = _closed_to_others(Path(sys.executable))
         if interpreter is not None:
             return [
-                f"the local backend runs the agent as nobody (uid {NOBODY}), who cannot traverse "
-                f"{interpreter} to Keystone's interpreter {sys.executable}: python agents and "
-                "`python` in commands will not start (install Keystone where other users can "
-                "reach it, or use sandbox.backend: bwrap)"
+                "the local backend runs the agent as a uid of the execution's (one of "
+                f"{local_uids.SETTING}), which cannot traverse {interpreter} to Keystone's "
+                f"interpreter {sys.executable}: python agents and `python` in commands will "
+                "not start (install Keystone where other users can reach it, or use "
+                "sandbox.backend: bwrap)"
             ]
         return []
 
     def _start(
         self, request: _RunRequest, egress: EgressRelay | None, group: CommandCgroup
     ) -> ProcessResult:
-        if self._runs_as_nobody(request.workspace):
-            _hand_to_nobody(request.workspace)
+        if self._runs_as_own_uid(request.workspace):
+            try:
+                lease = self._hold_uid()
+            except (local_uids.LocalUidsUnavailable, OSError) as exc:
+                return ProcessResult(None, "", "", False, 0.0, None, error=str(exc))
+            lease.record_workspace(request.workspace)
+            if not group.kills_leftovers:
+                lease.uncontained()
+            _hand_to(request.workspace, lease.uid)
         return super()._start(request, egress, group)
 
     def argv(
@@ -763,12 +809,14 @@ class LocalSandbox(_ProcessSandbox):
         # Nothing to isolate with: the workspace is the working directory, the network and
         # the extra binds are the host's own.
         shell = ["/bin/sh", "-c", command]
-        if not self._runs_as_nobody(workspace):
+        uid = self.uid
+        if uid is None or not self._runs_as_own_uid(workspace):
             return shell
-        # setpriv drops to nobody after the cgroup and the rlimits are in place (they need
-        # root), without a preexec function in the worker (Popen's user= would cost a fork
-        # of the whole worker instead of a vfork); no capability, no setuid escalation.
-        drop = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        # setpriv drops to the execution's uid after the cgroup and the rlimits are in place
+        # (they need root), without a preexec function in the worker (Popen's user= would
+        # cost a fork of the whole worker instead of a vfork); no supplementary group, no
+        # capability, no setuid escalation.
+        drop = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         drop += ["--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
         return [SETPRIV, *drop, "--", *shell]
 
@@ -1138,7 +1186,7 @@ def _container_user(workspace: Path) -> str:
     (root in a container is root on the host's files); the workspace is then handed to it."""
     if os.getuid() != 0:
         return f"{os.getuid()}:{os.getgid()}"
-    _hand_to_nobody(workspace)
+    _hand_to(workspace, NOBODY)
     return f"{NOBODY}:{NOBODY}"
 
 

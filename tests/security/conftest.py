@@ -14,7 +14,7 @@ import pytest
 @pytest.fixture
 def reachable() -> Iterator[Path]:
     """A directory any user can traverse to (pytest's tmp_path is under a 0700 directory): a
-    local agent runs as nobody, and must reach its workspace under it."""
+    local agent runs as a uid of its own, and must reach its workspace under it."""
     directory = Path(tempfile.mkdtemp(prefix="keystone-sec-", dir="/tmp"))
     os.chmod(directory, 0o755)
     yield directory

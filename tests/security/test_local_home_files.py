@@ -1,4 +1,4 @@
-"""The local backend runs the agent as nobody when the worker is root, "so the agent can neither
+"""The local backend runs the agent as a uid of its own when the worker is root, "so the agent can neither
 signal the worker nor read its files" (LocalSandbox). It has no mount namespace: KEYSTONE_HOME
 is on its way to the workspace and must stay traversable. The attack is a local agent run by
 `keystone run` that reads the embedded database next to its workspace (every user's sessions,
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluations.runner import local_uids
 from tests.cli_helpers import embedded_env, run_keystone
 
 SPEC = """\
@@ -36,7 +37,7 @@ invariants:
 def test_a_local_agent_cannot_read_the_embedded_database_or_the_artifacts(
     reachable: Path, tmp_path: Path
 ) -> None:
-    home = reachable  # the KEYSTONE_HOME: the local backend needs nobody to traverse it
+    home = reachable  # the KEYSTONE_HOME: the local backend's agent user must traverse it
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     report = tmp_path / "report.json"
@@ -51,7 +52,9 @@ def test_a_local_agent_cannot_read_the_embedded_database_or_the_artifacts(
         done = run_keystone("run", str(spec), "--json", str(report), env=env)
         assert done.returncode == 0, done.stdout + done.stderr
     output = json.loads(report.read_text())["executions"][0]["output"]
-    assert "uid=65534" in output  # really as nobody, next to the database
+    # Really as the execution's own uid (not root, not nobody), next to the database.
+    uid = int(output.split("uid=")[1].split()[0])
+    assert uid in local_uids.configured_range()
     assert "db=SQLite format 3" not in output, output
     assert "db=\n" in output
     assert "artifacts=0" in output

@@ -1,7 +1,7 @@
 """Issue 13, item 8 (local backend): the agent never shares the worker's uid when that can be
 avoided. The attack is an agent under `backend: local` that signals the worker, kills one of
 the worker's own processes and reads a file only the worker may read. With the worker root,
-the agent runs as nobody and each attempt fails; with a worker that is not root, the run says
+the agent runs as a uid of its own (KEYSTONE_LOCAL_UIDS) and each attempt fails; with a worker that is not root, the run says
 that the agent shares its uid."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluations.runner import local_uids
 from evaluations.runner.sandbox import NOBODY, LocalSandbox
 
 CANARY = "keystone-worker-only-6c2e"
@@ -39,7 +40,10 @@ def test_a_local_agent_cannot_signal_the_worker_or_read_its_files(reachable: Pat
         assert "kill-child=1" in out
         assert worker_child.poll() is None  # still running
         assert "read=1" in out and CANARY not in out + result.stderr
-        assert f"uid={NOBODY}" in out
+        # The execution's own uid, of the reserved range: neither root's nor nobody's.
+        assert sandbox.uid in local_uids.configured_range()
+        assert f"uid={sandbox.uid}" in out
+        sandbox.release()
         assert not any("own user" in w for w in sandbox.run_warnings(workspace))
     finally:
         worker_child.kill()
