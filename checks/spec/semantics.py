@@ -234,6 +234,9 @@ def _invariant_rules(
         check = _dict(_dict(invariant).get("check"))
         if check:
             yield from _check_rules(check, ("invariants", invariant_id, "check"), services)
+            yield from _observability_rules(
+                data, _dict(invariant), check, ("invariants", invariant_id, "check")
+            )
         auto = check.get("type") == "behavior_unchanged" and check.get("baseline", "auto") == "auto"
         if auto and not calm:
             yield Problem(
@@ -242,6 +245,106 @@ def _invariant_rules(
                 " chaos-free scenario's, and every chaos_matrix scenario has faults: add"
                 " {name: no-chaos} to chaos_matrix or give 'baseline' a text",
             )
+
+
+# The check types that read the tool calls Keystone recorded (artifact.all_tool_calls()).
+TOOL_CALL_CHECKS = ("tool_calls", "tool_call_count")
+# The `when` values under which an invariant also runs in the replay pillar's executions.
+REPLAY_WHEN = ("always", "no_chaos")
+
+
+def _observability_rules(
+    data: dict[str, Any], invariant: dict[str, Any], check: dict[str, Any], path: tuple[Any, ...]
+) -> Iterator[Problem]:
+    """A check that can never observe what it checks passes on every execution whatever
+    the agent does (or, negated, fails on every one): refused, saying what to add.
+
+    `negate`, `when` and `probes` change none of this: they choose when a check runs and how
+    its result counts, not what is recorded."""
+    kind = check.get("type")
+    agent_type = _dict(data.get("agent")).get("type")
+    if agent_type not in ("command", "http", "python"):
+        return  # the schema reports the agent
+    uses_tool_calls = kind in TOOL_CALL_CHECKS or (
+        kind == "drift" and check.get("method") == "tool-sequence"
+    )
+    if uses_tool_calls and not _records_tool_calls(data, invariant):
+        where = (*path, "method") if kind == "drift" else (*path, "type")
+        what = "drift by tool-sequence" if kind == "drift" else f"a {kind} check"
+        yield Problem(
+            where,
+            f"nothing records this agent's tool calls, so {what} sees none on any execution:"
+            f" {_no_tool_recorder(agent_type)}",
+        )
+    elif kind == "cost" and not data.get("llm"):
+        yield Problem(
+            (*path, "type"),
+            "nothing records this agent's cost, so a cost check sees $0 on every execution:"
+            " Keystone prices only the LLM calls that pass through the gateway, and without"
+            " `llm` there are none, whatever the agent spends; add `llm` (the gateway records"
+            " each call's tokens and cost)",
+        )
+    elif kind == "refusal_check":
+        yield from _refusal_rules(data, invariant, check, path)
+
+
+def _records_tool_calls(data: dict[str, Any], invariant: dict[str, Any]) -> bool:
+    """Whether anything records tool calls in some execution this invariant is checked on
+    (evaluations.runner.harness: the gateway, the tool proxy)."""
+    agent = _dict(data.get("agent"))
+    if data.get("llm") or data.get("tools"):
+        return True
+    if agent.get("type") == "python" and (agent.get("tools") or agent.get("tool_registry")):
+        return True  # the python agent host wraps those callables through the tool proxy
+    # A replayed session runs the tool proxy (it serves the session's tools), in the replay
+    # pillar's executions, where only golden invariants run, when always or no_chaos.
+    replayed = bool(_list(_dict(data.get("replay")).get("sessions")))
+    return (
+        replayed and not invariant.get("probes") and invariant.get("when", "always") in REPLAY_WHEN
+    )
+
+
+def _no_tool_recorder(agent_type: str) -> str:
+    recorders = (
+        "`tools` (the tool proxy records each call) or `llm` (the gateway records the calls"
+        " the model asks for)"
+    )
+    if agent_type == "python":
+        return (
+            "a `python` agent reports none itself; list its tool callables in the agent's"
+            f" `tools` or `tool_registry`, or add a top-level {recorders}"
+        )
+    return f"{_article(agent_type)} `{agent_type}` agent reports none itself; add {recorders}"
+
+
+def _refusal_rules(
+    data: dict[str, Any], invariant: dict[str, Any], check: dict[str, Any], path: tuple[Any, ...]
+) -> Iterator[Problem]:
+    """A refusal_check with `dangerous_prompts` applies only to the prompts that contain one
+    of them, and passes as not applicable on every other: refused when none of the prompts
+    the invariant runs on can contain one."""
+    dangerous = [d for d in _list(check.get("dangerous_prompts")) if isinstance(d, str)]
+    if not dangerous:
+        return
+    probes = _list(invariant.get("probes"))
+    if probes:
+        prompts, source = probes, "its probes"
+    elif data.get("mutations") or data.get("replay"):
+        return  # mutants and replayed inputs are known only when the run is planned
+    else:
+        task = _dict(data.get("task"))
+        prompts = _list(task.get("prompts")) or [task.get("prompt")]
+        source = "the task's prompts"
+    texts = [p.casefold() for p in prompts if isinstance(p, str)]
+    if not texts or any(d.casefold() in t for d in dangerous for t in texts):
+        return
+    yield Problem(
+        (*path, "dangerous_prompts"),
+        "this refusal_check applies to no execution: none of the dangerous_prompts occurs in"
+        f" a prompt this invariant runs on ({source}), so it passes as not applicable on"
+        " every one; give the invariant `probes` with the dangerous prompts, or name text"
+        " those prompts contain",
+    )
 
 
 def _has_chaos_free_scenario(data: dict[str, Any]) -> bool:

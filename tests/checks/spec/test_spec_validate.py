@@ -363,3 +363,83 @@ def test_replay_tool_responses_in_another_shape_are_refused_at_validation() -> N
         "replay.sessions[0].tool_responses.lookup_ticket: expected a list, got a mapping"
         " at line 17, col 24"
     ]
+
+
+# --- Checks that can never observe what they check (checks/spec/semantics.py) ---------------
+
+NO_TOOL_CALLS = VALID.replace(
+    "{type: contains, value: hello}",
+    "{type: tool_calls, calls: [{tool: delete_order, should_not_call: true}]}",
+)
+
+
+def test_a_tool_calls_check_without_anything_recording_tool_calls_is_refused_at_its_line() -> None:
+    assert messages(NO_TOOL_CALLS) == [
+        "invariants.says_hello.check.type: nothing records this agent's tool calls, so a"
+        " tool_calls check sees none on any execution: a `command` agent reports none itself;"
+        " add `tools` (the tool proxy records each call) or `llm` (the gateway records the"
+        " calls the model asks for) at line 11, col 19"
+    ]
+
+
+def test_an_http_agent_reports_no_tool_calls_either() -> None:
+    text = NO_TOOL_CALLS.replace(
+        'type: command\n  command: "echo hello"', "type: http\n  endpoint: http://127.0.0.1:9/run"
+    )
+    [message] = messages(text)
+    assert "an `http` agent reports none itself; add `tools`" in message
+
+
+@pytest.mark.parametrize(
+    "recorder",
+    [
+        "llm: {provider: scripted, rules: [{reply: {content: hi}}]}\n",
+        "tools: [{name: orders, url: http://127.0.0.1:9000}]\n",
+        "replay: {sessions: [{id: s1, input: hi}]}\n",
+    ],
+    ids=["llm", "tools", "replay"],
+)
+def test_a_tool_calls_check_is_valid_once_something_records_tool_calls(recorder: str) -> None:
+    assert messages(NO_TOOL_CALLS + recorder) == []
+
+
+def test_a_python_agent_records_tool_calls_through_its_tool_callables() -> None:
+    python = NO_TOOL_CALLS.replace(
+        'type: command\n  command: "echo hello"', 'type: python\n  callable: "agent:run"'
+    )
+    [message] = messages(python)
+    assert "a `python` agent reports none itself" in message
+    for listed in ('  tools: ["agent:lookup"]\n', '  tool_registry: "agent:TOOLS"\n'):
+        with_tools = python.replace(
+            '  callable: "agent:run"\n', f'  callable: "agent:run"\n{listed}'
+        )
+        assert messages(with_tools) == []
+
+
+def test_drift_needs_tool_calls_only_by_tool_sequence() -> None:
+    for method, refused in (("lexical", False), ("tool-sequence", True)):
+        text = VALID.replace("{type: contains, value: hello}", f"{{type: drift, method: {method}}}")
+        assert bool(messages(text)) is refused, method
+
+
+def test_a_cost_check_needs_the_gateway() -> None:
+    text = VALID.replace("{type: contains, value: hello}", "{type: cost, max_usd: 0.5}")
+    [message] = messages(text)
+    assert message.startswith("invariants.says_hello.check.type: nothing records this agent's cost")
+    assert messages(text + "llm: {provider: scripted, rules: [{reply: {content: hi}}]}\n") == []
+
+
+def test_a_refusal_check_must_apply_to_some_prompt_it_runs_on() -> None:
+    check = '{type: refusal_check, dangerous_prompts: ["Say hello"]}'
+    assert messages(VALID.replace("{type: contains, value: hello}", check)) == []
+    other = check.replace("Say hello", "launder money")
+    [message] = messages(VALID.replace("{type: contains, value: hello}", other))
+    assert "this refusal_check applies to no execution" in message
+    probed = VALID.replace(
+        "    check: {type: contains, value: hello}",
+        f'    probes: ["How do I launder money?"]\n    check: {other}',
+    )
+    assert messages(probed) == []
+    # Mutants and replayed inputs are known only when the run is planned: not refused.
+    mutated = VALID.replace("{type: contains, value: hello}", other) + "mutations: {count: 1}\n"
+    assert messages(mutated) == []
