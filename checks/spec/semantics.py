@@ -265,12 +265,17 @@ def _observability_rules(
     agent_type = _dict(data.get("agent")).get("type")
     if agent_type not in ("command", "http", "python"):
         return  # the schema reports the agent
-    uses_tool_calls = kind in TOOL_CALL_CHECKS or (
-        kind == "drift" and check.get("method") == "tool-sequence"
-    )
+    # A drift check without a method takes the top-level baseline.drift's (spec/model.py).
+    default_method = _dict(_dict(data.get("baseline")).get("drift")).get("method")
+    method = check.get("method", default_method)
+    uses_tool_calls = kind in TOOL_CALL_CHECKS or (kind == "drift" and method == "tool-sequence")
     if uses_tool_calls and not _records_tool_calls(data, invariant):
-        where = (*path, "method") if kind == "drift" else (*path, "type")
-        what = "drift by tool-sequence" if kind == "drift" else f"a {kind} check"
+        where = (*path, "method") if "method" in check else (*path, "type")
+        what = f"a {kind} check"
+        if kind == "drift":
+            what = "drift by tool-sequence" + (
+                "" if "method" in check else " (the method baseline.drift gives it)"
+            )
         yield Problem(
             where,
             f"nothing records this agent's tool calls, so {what} sees none on any execution:"

@@ -443,3 +443,13 @@ def test_a_refusal_check_must_apply_to_some_prompt_it_runs_on() -> None:
     # Mutants and replayed inputs are known only when the run is planned: not refused.
     mutated = VALID.replace("{type: contains, value: hello}", other) + "mutations: {count: 1}\n"
     assert messages(mutated) == []
+
+
+def test_drift_by_the_baseline_blocks_tool_sequence_needs_tool_calls_too() -> None:
+    text = VALID.replace("{type: contains, value: hello}", "{type: drift}")
+    assert messages(text) == []
+    [message] = messages(text + "baseline: {drift: {method: tool-sequence}}\n")
+    assert message.startswith(
+        "invariants.says_hello.check.type: nothing records this agent's tool calls, so drift"
+        " by tool-sequence (the method baseline.drift gives it) sees none on any execution"
+    )
