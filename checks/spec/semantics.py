@@ -40,7 +40,9 @@ def semantic_problems(data: dict[str, Any], spec_dir: Path | None = None) -> Ite
     yield from _tool_rules(data, services)
     yield from _invariant_rules(data, services, spec_dir)
     yield from _chaos_rules(data)
+    yield from _fault_reach_rules(data)
     yield from _scoring_rules(data)
+    yield from _gate_rules(data)
     yield from _provider_rules(data)
     yield from _forbidden_rules(data, services)
     if spec_dir is not None:
@@ -524,19 +526,151 @@ def _chaos_rules(data: dict[str, Any]) -> Iterator[Problem]:
         )
 
 
-def _profile_has_tool_faults(name: Any) -> bool:
+# The context attacks the gateway applies to the conversation (harness._conversation_attacks);
+# `indirect_injection` goes into tool answers, in the tool proxy.
+CONVERSATION_ATTACKS = (
+    "memory_poisoning",
+    "overflow",
+    "conflicting_context",
+    "injection_via_context",
+)
+_GATEWAY_HINT = (
+    "add `llm` (the agent's model endpoint, which the agent then reaches through the gateway"
+    " at `$OPENAI_BASE_URL`)"
+)
+
+
+def _fault_reach_rules(data: dict[str, Any]) -> Iterator[Problem]:
+    """Faults are injected where the agent talks to its model (the gateway, which runs only
+    with `llm`) and its tools (the tool proxy, which runs only with tools to serve). A fault
+    with neither never fires: its scenario counts as chaos in the resilience score and the
+    chaos pillar while it runs exactly as with no chaos. Refused at the fault, saying what to
+    add. (A python agent's tool faults without callables are `_chaos_rules`' refusal.)"""
+    agent = _dict(data.get("agent"))
+    agent_type = agent.get("type")
+    if agent_type not in ("command", "http", "python"):
+        return  # the schema reports the agent
+    gateway = bool(data.get("llm"))
+    python_tools = agent_type == "python" and bool(agent.get("tools") or agent.get("tool_registry"))
+    # A replayed session's proxy runs only in the replay executions, which have no chaos.
+    proxy = bool(data.get("tools")) or python_tools
+    sandbox = _dict(data.get("sandbox"))
+    network, backend = sandbox.get("network"), sandbox.get("backend")
+    # bwrap and docker give `network: none` a network of its own with nothing in it: the
+    # agent reaches neither the gateway nor the tool proxy (an http agent runs outside).
+    cut_off = agent_type != "http" and network == "none" and backend in ("bwrap", "docker")
+    for index, scenario in enumerate(_list(data.get("chaos_matrix"))):
+        if not isinstance(scenario, dict):
+            continue
+        path: tuple[Any, ...] = ("chaos_matrix", index)
+        if cut_off:
+            keys = ("profile", "tool_faults", "llm_faults", "context_attacks")
+            key = next((k for k in keys if scenario.get(k)), None)
+            if key is not None:
+                yield Problem(
+                    (*path, key),
+                    f"under `network: none` the {backend} sandbox lets the agent reach neither"
+                    " the gateway nor the tool proxy, where faults are injected, so this"
+                    " scenario's faults never fire (it counts as chaos but runs as with none);"
+                    " set `sandbox.network: services` (the default)",
+                    at_key=True,
+                )
+            continue
+        if _list(scenario.get("tool_faults")) and not proxy and agent_type != "python":
+            yield Problem(
+                (*path, "tool_faults"),
+                "nothing goes through the tool proxy, so these tool faults never fire (the"
+                " scenario counts as chaos but runs as with none): " + _no_proxy(agent_type),
+                at_key=True,
+            )
+        if _list(scenario.get("llm_faults")) and not gateway:
+            yield Problem(
+                (*path, "llm_faults"),
+                "nothing goes through the gateway, so these LLM faults never fire (the scenario"
+                " counts as chaos but runs as with none): Keystone injects them in the gateway,"
+                " which runs only with `llm`; " + _GATEWAY_HINT,
+                at_key=True,
+            )
+        for attack_index, attack in enumerate(_list(scenario.get("context_attacks"))):
+            kind = _dict(attack).get("type")
+            where = (*path, "context_attacks", attack_index, "type")
+            if kind == "indirect_injection" and not proxy:
+                yield Problem(
+                    where,
+                    "nothing goes through the tool proxy, so this indirect_injection attack"
+                    " never fires: Keystone writes it into the tool answers the proxy relays; "
+                    + _no_proxy(agent_type),
+                )
+            elif kind in CONVERSATION_ATTACKS and not gateway:
+                yield Problem(
+                    where,
+                    f"nothing goes through the gateway, so this {kind} attack never fires:"
+                    " Keystone rewrites the conversation the gateway forwards to the model,"
+                    " and it runs only with `llm`; " + _GATEWAY_HINT,
+                )
+        yield from _profile_reach(
+            scenario.get("profile"), (*path, "profile"), agent_type, gateway=gateway, proxy=proxy
+        )
+
+
+def _profile_reach(
+    name: Any, path: tuple[Any, ...], agent_type: str, *, gateway: bool, proxy: bool
+) -> Iterator[Problem]:
+    """A built-in profile none of whose faults can fire (one whose faults partly fire still
+    puts the agent under chaos, and its faults cannot be removed one by one: accepted)."""
+    profile = _profile(name)
+    if profile is None:
+        return
+    attacks = [_dict(a).get("type") for a in _list(profile.get("context_attacks"))]
+    tool_side = bool(profile.get("tool_faults")) or "indirect_injection" in attacks
+    llm_side = bool(profile.get("llm_faults")) or any(a in CONVERSATION_ATTACKS for a in attacks)
+    if (tool_side and proxy) or (llm_side and gateway):
+        return
+    if tool_side and agent_type == "python" and profile.get("tool_faults"):
+        return  # _chaos_rules refuses it at the agent, naming the profile
+    needs = []
+    if tool_side:
+        needs.append("its faults on tools need the tool proxy: " + _no_proxy(agent_type))
+    if llm_side:
+        needs.append("its faults on the model need the gateway: " + _GATEWAY_HINT)
+    yield Problem(
+        path,
+        f"none of the faults of profile '{name}' can fire, so this scenario counts as chaos but"
+        " runs as with none: " + "; ".join(needs),
+    )
+
+
+def _no_proxy(agent_type: str) -> str:
+    if agent_type == "python":
+        return (
+            "a `python` agent's tool calls go through it for the callables in its `tools` or"
+            " `tool_registry`; list them there, or add the tools it calls to a top-level"
+            " `tools` (the agent reaches each at `$KEYSTONE_TOOL_<NAME>_URL`)"
+        )
+    return (
+        f"{_article(agent_type)} `{agent_type}` agent reaches a tool through it only when"
+        " the tool is declared; add the tools it calls to `tools` (the agent reaches each at"
+        " `$KEYSTONE_TOOL_<NAME>_URL`)"
+    )
+
+
+def _profile(name: Any) -> dict[str, Any] | None:
     if not isinstance(name, str):
-        return False
+        return None
     try:
         from checks.profiles import PROFILE_NAMES, load_profile
     except ImportError:  # profiles are optional for validation
-        return False
+        return None
     if name not in PROFILE_NAMES:
-        return False  # the schema reports the unknown name
+        return None  # the schema reports the unknown name
     try:
-        return bool(load_profile(name).get("tool_faults"))
+        return load_profile(name)
     except Exception:  # a broken profile file is the chaos runner's error to report, not the spec's
-        return False
+        return None
+
+
+def _profile_has_tool_faults(name: Any) -> bool:
+    return bool((_profile(name) or {}).get("tool_faults"))
 
 
 def _declared_tool_names(data: dict[str, Any]) -> set[str] | None:
@@ -582,6 +716,18 @@ def _scoring_rules(data: dict[str, Any]) -> Iterator[Problem]:
         yield Problem(("scoring", "weights"), f"weights must sum to 1.0, got {round(total, 6)}")
 
 
+def _gate_rules(data: dict[str, Any]) -> Iterator[Problem]:
+    gates = _dict(data.get("gates"))
+    if "cost_max_usd" in gates and not data.get("llm"):
+        yield Problem(
+            ("gates", "cost_max_usd"),
+            "nothing records this agent's cost, so cost_max_usd sees $0 on every run:"
+            " Keystone prices only the LLM calls that pass through the gateway, and without"
+            " `llm` there are none, whatever the agent spends; add `llm` (the gateway records"
+            " each call's tokens and cost)",
+        )
+
+
 def _provider_rules(data: dict[str, Any]) -> Iterator[Problem]:
     for index, rule in enumerate(_list(_dict(data.get("llm")).get("rules"))):
         when = _dict(_dict(rule).get("when"))
@@ -597,10 +743,77 @@ def _provider_rules(data: dict[str, Any]) -> Iterator[Problem]:
 def _forbidden_rules(
     data: dict[str, Any], services: dict[str, dict[str, Any]]
 ) -> Iterator[Problem]:
-    for index, name in enumerate(_list(_dict(data.get("forbidden")).get("http_except"))):
+    forbidden = _dict(data.get("forbidden"))
+    for index, name in enumerate(_list(forbidden.get("http_except"))):
         if isinstance(name, str) and name not in services:
             hint = suggestion(name, services) or _declared(services)
             yield Problem(("forbidden", "http_except", index), f"unknown service '{name}'{hint}")
+    yield from _forbidden_reach_rules(data, forbidden, services)
+
+
+def _refusal_recorder(data: dict[str, Any]) -> str | None:
+    """Why no refused connection is ever recorded (evaluations.runner.sandbox: only the bwrap
+    and docker backends, under `network: services`, record the connections they refuse), or
+    None when some may be."""
+    if _dict(data.get("agent")).get("type") == "http":
+        return "an `http` agent runs outside any sandbox"
+    sandbox = _dict(data.get("sandbox"))
+    network = sandbox.get("network", "services")
+    if network != "services":
+        return f"under `network: {network}` it records none"
+    if sandbox.get("backend") == "local":
+        return "the `local` backend records none"
+    return None
+
+
+def _forbidden_reach_rules(
+    data: dict[str, Any], forbidden: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> Iterator[Problem]:
+    """A forbidden rule that nothing recorded can ever violate passes on every execution
+    (checks.forbidden reads what the harness recorded): refused, saying what to add."""
+    databases = [n for n, s in services.items() if s.get("type") in DATABASE_KINDS]
+    if isinstance(forbidden.get("db_writes_outside"), list) and not databases:
+        yield Problem(
+            ("forbidden", "db_writes_outside"),
+            "nothing records this agent's database writes, so db_writes_outside sees none on"
+            " any execution: Keystone compares the tables of each database service with its"
+            " seed, and no postgres, mysql or sqlite service is declared; add the database"
+            " the agent writes to under `services`",
+        )
+    allowed = forbidden.get("http_except")
+    if isinstance(allowed, list):
+        mocks = [n for n, s in services.items() if s.get("type") == "http_mock"]
+        refused_by = _refusal_recorder(data)
+        if all(m in allowed for m in mocks) and refused_by is not None:
+            what = (
+                "every http_mock service is in the list"
+                if mocks
+                else "no http_mock service is declared"
+            )
+            yield Problem(
+                ("forbidden", "http_except"),
+                "nothing records a request this rule could refuse, so http_except passes on"
+                " every execution: it sees the requests to http_mock services ("
+                + what
+                + ") and the connections the sandbox refuses ("
+                + refused_by
+                + "); declare under `services` an http_mock the agent must not call and leave"
+                " it out of the list"
+                + (
+                    ""
+                    if refused_by.startswith("an `http`")
+                    else ", or run the agent under the bwrap or docker backend with"
+                    " `network: services`"
+                ),
+            )
+    if forbidden.get("secrets_in_logs") == "deny" and not _list(data.get("secrets")):
+        yield Problem(
+            ("forbidden", "secrets_in_logs"),
+            "no secret is named, so secrets_in_logs: deny looks for nothing and passes on every"
+            " execution: it looks for the values of the spec's `secrets` in the output, the"
+            " logs, the LLM calls and the HTTP calls; add `secrets` (the server environment"
+            " variables the agent gets)",
+        )
 
 
 def _file_rules(data: dict[str, Any], spec_dir: Path) -> Iterator[Problem]:

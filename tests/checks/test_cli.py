@@ -29,6 +29,8 @@ task:
 agent:
   type: command
   command: "echo refunded"
+tools:
+  - {name: refunds, url: "http://127.0.0.1:9000"}
 invariants:
   says_refund:
     description: "Mentions the refund"

@@ -12,10 +12,12 @@ task: {prompt: "What is ACME's share price?"}
 agent: {type: command, command: "echo according to the source, 12 dollars"}
 """
 
-# 001's configuration block, as the document writes it (tool_faults need a declared tool).
+# 001's configuration block, as the document writes it (tool_faults need a declared tool,
+# llm_faults the gateway: an `llm` block).
 CONTRACT = """\
 tools:
   - {name: market_data_api, url: "http://127.0.0.1:9/quote"}
+llm: {provider: scripted, rules: [{reply: {content: "according to the source, 12 dollars"}}]}
 contract:
   name: "Finance Agent Contract"
   description: "Invariants that must hold under all failure conditions"
@@ -56,6 +58,7 @@ contract:
 MAP_FORM = """\
 tools:
   - {name: market_data_api, url: "http://127.0.0.1:9/quote"}
+llm: {provider: scripted, rules: [{reply: {content: "according to the source, 12 dollars"}}]}
 description: "Finance Agent Contract - Invariants that must hold under all failure conditions"
 invariants:
   always-cite-source:
@@ -118,7 +121,7 @@ def test_contract_layout_refusals_name_the_problem() -> None:
     extra = HEAD + "contract:\n  owner: me\n  invariants:\n    - {id: a, type: completes}\n"
     assert [str(e) for e in validate_spec_text(both)[1]] == [
         "contract.invariants: 'invariants' is given both in contract and at the top level:"
-        " write it once at line 10, col 3"
+        " write it once at line 11, col 3"
     ]
     assert [str(e) for e in validate_spec_text(no_id)[1]] == [
         "contract.invariants[0]: each contract invariant needs an id (a string) at line 7, col 7"

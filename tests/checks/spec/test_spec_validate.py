@@ -36,6 +36,12 @@ invariants:
 """
 
 
+# What lets faults fire: the gateway (`llm`) for LLM faults, the tool proxy (`tools`) for
+# tool faults.
+LLM = "llm: {provider: scripted, rules: [{reply: {content: hello}}]}\n"
+TOOLS = 'tools: [{name: search, url: "http://127.0.0.1:9000"}]\n'
+
+
 def messages(text: str | bytes, **kwargs: object) -> list[str]:
     _, errors = validate_spec_text(text, **kwargs)  # type: ignore[arg-type]
     return [str(e) for e in errors]
@@ -238,6 +244,7 @@ def test_parse_spec_builds_the_model_and_expands_profiles_into_their_faults() ->
     text = (
         VALID
         + "chaos_matrix:\n  - {name: no-chaos}\n  - {name: outage, profile: api_outage}\nreplicas: 3\n"
+        + TOOLS
     )
     spec = parse_spec(text)
     assert isinstance(spec, Spec)
@@ -301,10 +308,8 @@ def test_a_builtin_profile_with_tool_faults_needs_python_agent_tools() -> None:
         'type: command\n  command: "echo hello"', 'type: python\n  callable: "agent:run"'
     )
     # degraded_llm only degrades the model, api_outage takes tools down.
-    assert (
-        messages(python_agent + "chaos_matrix:\n  - {name: slow-llm, profile: degraded_llm}\n")
-        == []
-    )
+    slow_llm = python_agent + "chaos_matrix:\n  - {name: slow-llm, profile: degraded_llm}\n"
+    assert messages(slow_llm + LLM) == []
     assert messages(python_agent + "chaos_matrix:\n  - {name: outage, profile: api_outage}\n") == [
         "agent: tool faults are configured (see chaos_matrix[0].profile) but the python agent "
         "lists no 'tools' or 'tool_registry' to inject them into at line 5, col 1"
@@ -339,16 +344,14 @@ def test_behavior_unchanged_auto_needs_a_chaos_free_scenario() -> None:
         "  - {name: down, llm_faults: [{mode: timeout}]}\n"
         "  - {name: outage, profile: api_outage}\n"
     )
-    assert messages(VALID + check) == [
+    assert messages(VALID + check + LLM + TOOLS) == [
         "invariants.steady.check.type: behavior_unchanged with baseline: auto compares each"
         " output with the chaos-free scenario's, and every chaos_matrix scenario has faults:"
         " add {name: no-chaos} to chaos_matrix or give 'baseline' a text at line 14, col 19"
     ]
-    assert messages(VALID + check + "  - {name: calm}\n") == []
-    assert (
-        messages(VALID + check.replace("behavior_unchanged}", "behavior_unchanged, baseline: ok}"))
-        == []
-    )
+    assert messages(VALID + check + "  - {name: calm}\n" + LLM + TOOLS) == []
+    given = check.replace("behavior_unchanged}", "behavior_unchanged, baseline: ok}")
+    assert messages(VALID + given + LLM + TOOLS) == []
     assert messages(VALID + check.split("chaos_matrix")[0]) == []  # the implicit no-chaos
 
 
@@ -453,3 +456,86 @@ def test_drift_by_the_baseline_blocks_tool_sequence_needs_tool_calls_too() -> No
         "invariants.says_hello.check.type: nothing records this agent's tool calls, so drift"
         " by tool-sequence (the method baseline.drift gives it) sees none on any execution"
     )
+
+
+@pytest.mark.parametrize(
+    ("chaos", "needs"),
+    [
+        ("tool_faults: [{tool: '*', mode: error}]", TOOLS),
+        ("llm_faults: [{mode: error}]", LLM),
+        ("context_attacks: [{type: indirect_injection}]", TOOLS),
+        ("context_attacks: [{type: overflow}]", LLM),
+        ("profile: degraded_llm", LLM),
+        ("profile: hostile_tools", TOOLS),
+    ],
+)
+def test_a_fault_needs_the_gateway_or_tool_proxy_that_injects_it(chaos: str, needs: str) -> None:
+    text = VALID + f"chaos_matrix:\n  - name: no-chaos\n  - {{name: faulted, {chaos}}}\n"
+    [message] = messages(text)
+    assert message.startswith("chaos_matrix[1].") and "fire" in message
+    other = LLM if needs == TOOLS else TOOLS
+    assert len(messages(text + other)) == 1  # the other one does not inject it
+    assert messages(text + needs) == []
+
+
+def test_an_http_agent_meets_tool_faults_only_through_declared_tools() -> None:
+    http = VALID.replace(
+        'type: command\n  command: "echo hello"', "type: http\n  endpoint: http://127.0.0.1:9/run"
+    )
+    text = http + "chaos_matrix:\n  - {name: down, tool_faults: [{tool: '*', mode: error}]}\n"
+    [message] = messages(text)
+    assert "an `http` agent reaches a tool through it only when the tool is declared" in message
+    assert messages(text + TOOLS) == []
+
+
+def test_a_python_agent_meets_attacks_on_tool_answers_through_its_callables() -> None:
+    python = VALID.replace(
+        'type: command\n  command: "echo hello"', 'type: python\n  callable: "agent:run"'
+    )
+    text = python + "chaos_matrix:\n  - {name: p, context_attacks: [{type: indirect_injection}]}\n"
+    [message] = messages(text)
+    assert "a `python` agent's tool calls go through it for the callables" in message
+    listed = text.replace('  callable: "agent:run"\n', '  callable: "agent:run"\n  tools: [a:b]\n')
+    assert messages(listed) == []
+
+
+def test_network_none_cuts_a_sandboxed_agent_off_from_every_fault() -> None:
+    chaos = "chaos_matrix:\n  - {name: down, tool_faults: [{tool: '*', mode: error}]}\n"
+    world = VALID + LLM + TOOLS + chaos
+    for backend in ("bwrap", "docker"):
+        [message] = messages(world + f"sandbox: {{backend: {backend}, network: none}}\n")
+        assert f"under `network: none` the {backend} sandbox" in message
+    assert messages(world + "sandbox: {backend: bwrap, network: services}\n") == []
+    assert messages(world + "sandbox: {backend: local, network: none}\n") == []
+
+
+def test_forbidden_rules_need_something_that_records_their_violations() -> None:
+    db = "services: [{name: db, type: sqlite, sql: 'CREATE TABLE t (x INT)'}]\n"
+    rule = "forbidden: {db_writes_outside: [t]}\n"
+    [message] = messages(VALID + rule)
+    assert message.startswith("forbidden.db_writes_outside: nothing records")
+    assert messages(VALID + rule + db) == []
+    secrets = "forbidden: {secrets_in_logs: deny}\n"
+    [message] = messages(VALID + secrets)
+    assert message.startswith("forbidden.secrets_in_logs: no secret is named")
+    assert messages(VALID + secrets + "secrets: [API_TOKEN]\n") == []
+    assert messages(VALID + "forbidden: {secrets_in_logs: allow}\n") == []
+    # http_except: a mock left out of the list, or a sandbox that records refused connections.
+    mocks = "services: [{name: a, type: http_mock}, {name: b, type: http_mock}]\n"
+    assert messages(VALID + mocks + "forbidden: {http_except: [a]}\n") == []
+    assert messages(VALID + "forbidden: {http_except: []}\nsandbox: {backend: bwrap}\n") == []
+    for refused_by in ("sandbox: {backend: local}\n", "sandbox: {network: host}\n"):
+        [message] = messages(VALID + mocks + "forbidden: {http_except: [a, b]}\n" + refused_by)
+        assert message.startswith("forbidden.http_except: nothing records a request")
+    http = VALID.replace(
+        'type: command\n  command: "echo hello"', "type: http\n  endpoint: http://127.0.0.1:9/run"
+    )
+    [message] = messages(http + "forbidden: {http_except: []}\n")
+    assert "an `http` agent runs outside any sandbox" in message
+
+
+def test_a_cost_gate_needs_the_gateway() -> None:
+    text = VALID + "gates: {cost_max_usd: 1.0}\n"
+    [message] = messages(text)
+    assert message.startswith("gates.cost_max_usd: nothing records this agent's cost")
+    assert messages(text + LLM) == []
