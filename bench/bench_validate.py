@@ -35,6 +35,7 @@ services:
       - {method: POST, path: /api/messages, status: 202, response: {id: m1}}
 tools:
   - {name: lookup_order, service: smtp}
+llm: {provider: scripted, rules: [{reply: {content: done}}]}
 chaos_matrix:
   - name: no-chaos
   - name: tool-down

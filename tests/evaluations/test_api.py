@@ -25,6 +25,7 @@ version: 1
 id: ci-agent
 task: {prompt: "Say hello"}
 agent: {type: command, command: "echo hello"}
+llm: {provider: scripted, rules: [{reply: {content: hello}}]}
 chaos_matrix:
   - name: no-chaos
   - name: slow-llm

@@ -27,6 +27,8 @@ agent:
   command: 'if [ "$KEYSTONE_SCENARIO" = no-chaos ]; then echo "the usual answer"; else echo "totally different words{release}"; fi'
   timeout: 30
 sandbox: {backend: local}
+# The faulted scenario needs a gateway to be valid; the agent tells scenarios apart itself.
+llm: {provider: scripted, rules: [{reply: {content: hi}}]}
 chaos_matrix:
   - name: no-chaos
   - name: llm-down

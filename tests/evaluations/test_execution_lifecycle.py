@@ -166,6 +166,9 @@ agent:
     echo "Sorry: $KEYSTONE_PROMPT could not be processed now";
     else echo "Done: $KEYSTONE_PROMPT was processed"; fi'
 sandbox: {backend: local}
+# What the faulted scenarios need to be valid: a gateway and a tool proxy.
+llm: {provider: scripted, rules: [{reply: {content: done}}]}
+tools: [{name: orders, url: "http://127.0.0.1:9/orders"}]
 invariants:
   unchanged:
     description: "Behaves as without chaos"

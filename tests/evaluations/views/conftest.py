@@ -55,6 +55,7 @@ description: "Refunds orders"
 task:
   prompts: ["Refund order 1042", "Refund order 7"]
 agent: {type: command, command: "echo refunded"}
+llm: {provider: scripted, rules: [{reply: {content: refunded}}]}
 chaos_matrix:
   - name: no-chaos
   - name: llm-degraded

@@ -229,6 +229,8 @@ version: 1
 id: synthetic-{index}
 task: {{prompts: ["first", "second"]}}
 agent: {{type: command, command: "echo ok"}}
+llm: {{provider: scripted, rules: [{{reply: {{content: ok}}}}]}}
+tools: [{{name: search, url: "http://127.0.0.1:9/search"}}]
 chaos_matrix:
   - name: no-chaos
   - name: tool-outage
