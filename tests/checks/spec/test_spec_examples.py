@@ -90,10 +90,7 @@ def test_examples_use_every_fault_mode_attack_and_profile() -> None:
     assert llm_modes == set(defs["llm_fault"]["properties"]["mode"]["enum"])
     assert drift_types == set(defs["llm_fault"]["properties"]["drift_type"]["enum"])
     assert attacks == set(defs["context_attack"]["properties"]["type"]["enum"])
-    # Only profiles whose faults can reach the agent: report-agent-docker used all six under
-    # `network: none`, where none of them could fire (now refused); finance-agent's api_outage
-    # reaches its tools. The other five await an example whose agent meets them.
-    assert profiles and profiles <= set(defs["scenario_profile"]["properties"]["profile"]["enum"])
+    assert profiles == set(defs["scenario_profile"]["properties"]["profile"]["enum"])
 
 
 def test_examples_use_all_three_replay_session_forms() -> None:
