@@ -40,6 +40,20 @@ def _post(url: str, body: Any, headers: dict[str, str]) -> Any:
     return Client().post(url, json.dumps(body), content_type="application/json", **headers)
 
 
+def _refusal_details(text: str, path: str, headers: dict[str, str]) -> list[Any]:
+    """The one detail each of the spec and run endpoints answers `text` with: a 422 that
+    names `path` as its field."""
+    details = []
+    for url in ("/api/projects/demo/specs", "/api/projects/demo/runs"):
+        response = _post(url, {"source_yaml": text}, headers)
+        assert response.status_code == 422, response.content
+        error = response.json()["error"]
+        assert error["code"] == "spec_invalid" and error["field"] == path
+        (detail,) = error["details"]
+        details.append(detail)
+    return details
+
+
 @pytest.mark.parametrize(
     ("names", "path", "line", "message"),
     [
@@ -73,12 +87,7 @@ def test_a_spec_name_too_long_for_its_column_is_a_422_at_its_line(
     message: str,
 ) -> None:
     text = SPEC.format(**{"id": "long-names", "scenario": "calm", "invariant": "greets", **names})
-    for url in ("/api/projects/demo/specs", "/api/projects/demo/runs"):
-        response = _post(url, {"source_yaml": text}, editor)
-        assert response.status_code == 422, response.content
-        error = response.json()["error"]
-        assert error["code"] == "spec_invalid" and error["field"] == path
-        (detail,) = error["details"]
+    for detail in _refusal_details(text, path, editor):
         assert (detail["path"], detail["line"], detail["message"]) == (path, line, message)
     assert not Spec.objects.exists()  # nothing half-stored
 
@@ -127,13 +136,8 @@ def test_a_judge_model_name_too_long_for_its_column_is_a_422_at_its_line(
     """The model name is stored with each review item the judge sends people: a longer one
     was accepted here, then broke finalising the run (PostgreSQL refused the review item)."""
     text = JUDGED.format(**{"judge_model": "scripted-judge", "check_model": "judge-1", **models})
-    for url in ("/api/projects/demo/specs", "/api/projects/demo/runs"):
-        response = _post(url, {"source_yaml": text}, editor)
-        assert response.status_code == 422, response.content
-        error = response.json()["error"]
-        assert error["code"] == "spec_invalid" and error["field"] == path
-        (detail,) = error["details"]
-        message = "the judge model name is too long: at most 200 characters, got 201"
+    message = "the judge model name is too long: at most 200 characters, got 201"
+    for detail in _refusal_details(text, path, editor):
         assert (detail["path"], detail["line"], detail["message"]) == (path, line, message)
     assert not Spec.objects.exists()
 
