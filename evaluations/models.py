@@ -466,6 +466,11 @@ class Execution(models.Model):
     tool_call_count = models.PositiveIntegerField(default=0)
     # Tool calls that errored or answered 4xx/5xx: the run's tool success rate needs them.
     tool_error_count = models.PositiveIntegerField(default=0)
+    # Calls through the LLM gateway and through the tool proxy, where faults are injected: a
+    # faulted scenario none of whose executions called either gets a run warning. NULL: not
+    # counted (the agent never ran, or the row is older than the count).
+    gateway_call_count = models.PositiveIntegerField(null=True, blank=True)
+    proxy_call_count = models.PositiveIntegerField(null=True, blank=True)
     # Capped at KEYSTONE_FINAL_OUTPUT_MAX_CHARS; the full output is an Artifact.
     final_output = models.TextField(blank=True, default="")
     # The tool calls in order, [{"name", "arguments"}] (capped): drift by `tool-sequence`,
