@@ -233,6 +233,11 @@ class SpecVersionQuerySet(models.QuerySet["SpecVersion"]):
         raise ImmutableRowError("spec versions are immutable: upload a new version instead")
 
 
+# The longest directory a spec read from files can be stored with (services.specs refuses a
+# longer one before anything is written).
+SPEC_BASE_DIR_MAX = 1000
+
+
 class SpecVersion(models.Model):
     """One uploaded text of a spec. Written once: runs point at it and must stay reproducible."""
 
@@ -244,7 +249,7 @@ class SpecVersion(models.Model):
     # The server directory the text was read from (CLI, demo), where its relative files
     # (seeds, fixtures, agents) live; a new version typed in the browser keeps it, so that
     # its relative paths still resolve. Empty for text written in the browser or the API.
-    base_dir = models.CharField(max_length=1000, blank=True, default="")
+    base_dir = models.CharField(max_length=SPEC_BASE_DIR_MAX, blank=True, default="")
     # The text itself was read from a file on the server (the CLI, the demo), which the
     # operator laid out: its runs may start agent.start on the host, copy a workspace from
     # outside its directory and read replay files (services.runs.host_parts_allowed).
