@@ -45,6 +45,11 @@ class ExecutionRecord:
     tool_errors: int = 0
     output: str = ""  # the final output, kept for the stateful-agent warning
     error: str | None = None
+    # Calls through the LLM gateway and the tool proxy, where faults are injected: a faulted
+    # scenario none of whose executions called either measured nothing (a run warning).
+    # None: not counted (a row or report from before Keystone counted them).
+    gateway_calls: int | None = None
+    proxy_calls: int | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -92,6 +97,8 @@ class ExecutionRecord:
             tool_errors=len(failed_calls),
             output=artifact.final_output,
             error=artifact.error,
+            gateway_calls=len(artifact.llm_calls),
+            proxy_calls=len(artifact.tool_calls),
             **identity,
         )
 

@@ -754,7 +754,53 @@ def _warnings(
     if _looks_stateful(spec, records):
         python = spec.agent.get("type") == "python"
         warnings.append(STATEFUL_WARNING_PYTHON if python else STATEFUL_WARNING)
+    warnings.extend(_unreached_chaos_warnings(spec, records))
     return warnings
+
+
+# Where each channel's faults meet the agent, as the warning names it.
+_CHANNEL_CALLS = {
+    "proxy": "a tool through the tool proxy",
+    "gateway": "the model through the gateway",
+}
+
+
+def _unreached_chaos_warnings(spec: Spec, records: Sequence[ExecutionRecord]) -> list[str]:
+    """Faulted scenarios none of whose executions called the gateway or the tool proxy, where
+    their faults are injected: they ran exactly as with no chaos. Validation refuses faults
+    with no way in at all; this is the agent that has one and never uses it (an `llm` it
+    never calls). A warning only: the scores stay what the results say. A scenario whose
+    faults partly reached the agent is not named (the agent met chaos)."""
+    by_scenario: dict[str, list[ExecutionRecord]] = defaultdict(list)
+    for record in records:
+        if record.pillar in MATRIX_PILLARS:
+            by_scenario[record.scenario].append(record)
+    warnings = []
+    for scenario in spec.scenarios:
+        channels = scenario.faults_by_channel()
+        executions = by_scenario.get(scenario.name, [])
+        # Executions whose agent never ran (status `error`) say nothing about its calls.
+        ran = [r for r in executions if r.status != "error"]
+        if not channels or not ran:
+            continue
+        if any(_calls(r, channel) is None for r in ran for channel in channels):
+            continue  # not counted: rows or a report from before the counts
+        if any(_calls(r, channel) for r in executions for channel in channels):
+            continue
+        profile = f" (profile {scenario.profile})" if scenario.profile else ""
+        kinds = " and ".join(kind for names in channels.values() for kind in names)
+        where = " or ".join(_CHANNEL_CALLS[channel] for channel in channels)
+        count = len(executions)
+        warnings.append(
+            f"scenario '{scenario.name}'{profile} injects {kinds}, but none of its {count}"
+            f" execution{'s' if count != 1 else ''} called {where}: its faults never fired,"
+            " so it measured nothing about resilience"
+        )
+    return warnings
+
+
+def _calls(record: ExecutionRecord, channel: str) -> int | None:
+    return record.gateway_calls if channel == "gateway" else record.proxy_calls
 
 
 def _looks_stateful(spec: Spec, records: Sequence[ExecutionRecord]) -> bool:

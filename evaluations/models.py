@@ -233,6 +233,11 @@ class SpecVersionQuerySet(models.QuerySet["SpecVersion"]):
         raise ImmutableRowError("spec versions are immutable: upload a new version instead")
 
 
+# The longest directory a spec read from files can be stored with (services.specs refuses a
+# longer one before anything is written).
+SPEC_BASE_DIR_MAX = 1000
+
+
 class SpecVersion(models.Model):
     """One uploaded text of a spec. Written once: runs point at it and must stay reproducible."""
 
@@ -244,7 +249,7 @@ class SpecVersion(models.Model):
     # The server directory the text was read from (CLI, demo), where its relative files
     # (seeds, fixtures, agents) live; a new version typed in the browser keeps it, so that
     # its relative paths still resolve. Empty for text written in the browser or the API.
-    base_dir = models.CharField(max_length=1000, blank=True, default="")
+    base_dir = models.CharField(max_length=SPEC_BASE_DIR_MAX, blank=True, default="")
     # The text itself was read from a file on the server (the CLI, the demo), which the
     # operator laid out: its runs may start agent.start on the host, copy a workspace from
     # outside its directory and read replay files (services.runs.host_parts_allowed).
@@ -466,6 +471,11 @@ class Execution(models.Model):
     tool_call_count = models.PositiveIntegerField(default=0)
     # Tool calls that errored or answered 4xx/5xx: the run's tool success rate needs them.
     tool_error_count = models.PositiveIntegerField(default=0)
+    # Calls through the LLM gateway and through the tool proxy, where faults are injected: a
+    # faulted scenario none of whose executions called either gets a run warning. NULL: not
+    # counted (the agent never ran, or the row is older than the count).
+    gateway_call_count = models.PositiveIntegerField(null=True, blank=True)
+    proxy_call_count = models.PositiveIntegerField(null=True, blank=True)
     # Capped at KEYSTONE_FINAL_OUTPUT_MAX_CHARS; the full output is an Artifact.
     final_output = models.TextField(blank=True, default="")
     # The tool calls in order, [{"name", "arguments"}] (capped): drift by `tool-sequence`,

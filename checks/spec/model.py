@@ -71,6 +71,27 @@ class Scenario:
     def any_chaos_active(self) -> bool:
         return bool(self.tool_faults or self.llm_faults or self.context_attacks)
 
+    def faults_by_channel(self) -> dict[str, list[str]]:
+        """The kinds of fault this scenario injects, by where Keystone injects them: "proxy"
+        (the tool proxy: tool faults, and indirect injection into the tool answers it relays)
+        and "gateway" (the LLM gateway: LLM faults, and the attacks that rewrite the
+        conversation it forwards). A channel with no fault is left out."""
+        attacks = [str(a.get("type", "")) for a in self.context_attacks if isinstance(a, dict)]
+        in_tools = sorted({a for a in attacks if a == "indirect_injection"})
+        in_conversation = sorted({a for a in attacks if a != "indirect_injection"})
+        channels: dict[str, list[str]] = {}
+        if self.tool_faults:
+            channels.setdefault("proxy", []).append("tool_faults")
+        if in_tools:
+            channels.setdefault("proxy", []).append(f"context_attacks ({', '.join(in_tools)})")
+        if self.llm_faults:
+            channels.setdefault("gateway", []).append("llm_faults")
+        if in_conversation:
+            channels.setdefault("gateway", []).append(
+                f"context_attacks ({', '.join(in_conversation)})"
+            )
+        return channels
+
     def activates(self, when: str) -> bool:
         """Whether an invariant with this `when` is evaluated in this scenario."""
         if when == "always":

@@ -16,19 +16,21 @@ from evaluations.models import (
 from evaluations.selectors.records import effective_results, run_records_with_rows
 from evaluations.selectors.reviews import BLIND_HIDDEN, blind_reason
 
-RESULT_CSV_COLUMNS = (
-    "execution_id",
-    "scenario",
-    "prompt_index",
-    "replica",
-    "invariant",
-    "check_type",
-    "source",
-    "passed",
-    "score",
-    "failure_code",
-    "message",
-)
+# Each column of the results CSV, in order, and the CheckResult field that fills it.
+RESULT_CSV_FIELDS = {
+    "execution_id": "execution_id",
+    "scenario": "execution__scenario",
+    "prompt_index": "execution__prompt_index",
+    "replica": "execution__replica",
+    "invariant": "invariant_id",
+    "check_type": "check_type",
+    "source": "source",
+    "passed": "passed",
+    "score": "score",
+    "failure_code": "failure_code",
+    "message": "message",
+}
+RESULT_CSV_COLUMNS = tuple(RESULT_CSV_FIELDS)
 
 
 def run_result_rows(run_id: int, hidden: dict[int, int] | None = None) -> Iterator[tuple[Any, ...]]:
@@ -37,28 +39,22 @@ def run_result_rows(run_id: int, hidden: dict[int, int] | None = None) -> Iterat
     `hidden` (selectors.blind_hidden_results: under blind review, not graded by the person
     exporting) has no passed, score or failure code, and says why in its message."""
     hidden = hidden or {}
+    # By name, so that a column added or moved cannot uncover a hidden verdict (a verdict
+    # column renamed fails here, loudly, rather than being left shown).
+    columns = list(RESULT_CSV_FIELDS)
+    verdict = [columns.index(name) for name in ("passed", "score", "failure_code")]
+    message = columns.index("message")
     rows = (
         CheckResult.objects.filter(run_id=run_id)
         .order_by("execution_id", "invariant_id", "source")
-        .values_list(
-            "id",
-            "execution_id",
-            "execution__scenario",
-            "execution__prompt_index",
-            "execution__replica",
-            "invariant_id",
-            "check_type",
-            "source",
-            "passed",
-            "score",
-            "failure_code",
-            "message",
-        )
+        .values_list("id", *RESULT_CSV_FIELDS.values())
         .iterator(chunk_size=2000)
     )
     for result_id, *row in rows:
         if result_id in hidden:
-            row[7:11] = ["", "", "", f"{BLIND_HIDDEN} (review item {hidden[result_id]})"]
+            for index in verdict:
+                row[index] = ""
+            row[message] = f"{BLIND_HIDDEN} (review item {hidden[result_id]})"
         yield tuple(row)
 
 

@@ -60,6 +60,8 @@ def _execution_record(execution: Execution, rows: list[CheckResult]) -> Executio
         tool_errors=execution.tool_error_count,
         output=execution.final_output,
         error=execution.error or None,
+        gateway_calls=execution.gateway_call_count,
+        proxy_calls=execution.proxy_call_count,
     )
 
 

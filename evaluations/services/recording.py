@@ -67,6 +67,8 @@ def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: E
         "output_tokens": artifact.output_tokens,
         "tool_call_count": len(artifact.all_tool_calls()),
         "tool_error_count": len(artifact.failed_tool_calls()),
+        "gateway_call_count": record.gateway_calls,
+        "proxy_call_count": record.proxy_calls,
         "final_output": _storable(artifact.final_output[:cap]),
         "tool_sequence": _storable(tool_sequence(artifact)),
         "error": _storable(artifact.error or ""),

@@ -7,8 +7,10 @@ from typing import Any
 from django.db import transaction
 
 from checks.spec import SpecError, SpecValidationError, validate_spec_text
+from checks.spec.semantics import too_long
 from evaluations import policy
 from evaluations.models import (
+    SPEC_BASE_DIR_MAX,
     Project,
     Spec,
     SpecVersion,
@@ -45,6 +47,21 @@ def spec_version_create(
     a changed text under the same `id` becomes version N+1. Invalid text is never stored.
     `based_on`: the version number the text was edited from (the editor page); when a
     newer one was saved meanwhile, SpecVersionConflict, and nothing is stored."""
+    problem = too_long(base_dir, SPEC_BASE_DIR_MAX)
+    if problem:
+        # Checked here, not by the database: PostgreSQL refused it in the middle of the write
+        # (a 500, or a traceback from `keystone run`), SQLite stored it whole.
+        raise SpecValidationError(
+            [
+                SpecError(
+                    "base_dir",
+                    f"the directory the spec was read from is too long to store: {problem}",
+                    None,
+                    None,
+                )
+            ],
+            source_name,
+        )
     data, errors = validate_spec_text(source_yaml, source=source_name)
     if errors or data is None:
         raise SpecValidationError(errors, source_name)

@@ -6,6 +6,7 @@ values computed by hand in the comments.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -827,6 +828,83 @@ def test_stateful_agent_without_reset_gets_the_contamination_warning() -> None:
         replicas=2,
     )
     assert not any("No reset_endpoint" in w for w in score_run(with_reset, records).warnings)
+
+
+def test_a_faulted_scenario_whose_executions_never_met_its_faults_is_a_warning_only() -> None:
+    spec = make_spec(
+        chaos_matrix=[
+            {"name": "calm"},
+            {"name": "llm-down", "llm_faults": [{"mode": "error"}]},
+            {"name": "tools-down", "tool_faults": [{"tool": "*", "mode": "error"}]},
+            {"name": "slow", "profile": "high_latency"},
+            {
+                "name": "injected",
+                "context_attacks": [{"type": "indirect_injection"}, {"type": "overflow"}],
+            },
+        ],
+        replicas=2,
+    )
+
+    def run(scenario: str, *, gateway: int | None, proxy: int | None, **extra: Any) -> list[Any]:
+        pillar = "contract" if scenario == "calm" else "chaos"
+        return [
+            record(
+                scenario,
+                [result("says_refund", True)],
+                replica=replica,
+                pillar=pillar,
+                gateway_calls=gateway,
+                proxy_calls=proxy,
+                **extra,
+            )
+            for replica in (0, 1)
+        ]
+
+    quiet = [
+        *run("calm", gateway=0, proxy=0),
+        *run("llm-down", gateway=0, proxy=3),
+        *run("tools-down", gateway=2, proxy=0),
+        *run("slow", gateway=0, proxy=0),
+        *run("injected", gateway=0, proxy=0),
+    ]
+    summary = score_run(spec, quiet)
+    unreached = [w for w in summary.warnings if "never fired" in w]
+    assert unreached == [
+        "scenario 'llm-down' injects llm_faults, but none of its 2 executions called the model"
+        " through the gateway: its faults never fired, so it measured nothing about resilience",
+        "scenario 'tools-down' injects tool_faults, but none of its 2 executions called a tool"
+        " through the tool proxy: its faults never fired, so it measured nothing about resilience",
+        "scenario 'slow' (profile high_latency) injects tool_faults and llm_faults, but none of"
+        " its 2 executions called a tool through the tool proxy or the model through the"
+        " gateway: its faults never fired, so it measured nothing about resilience",
+        "scenario 'injected' injects context_attacks (indirect_injection) and context_attacks"
+        " (overflow), but none of its 2 executions called a tool through the tool proxy or the"
+        " model through the gateway: its faults never fired, so it measured nothing about"
+        " resilience",
+    ]
+    # A warning only: every score is what the same results give without it.
+    unwarned = score_run(
+        spec, [replace(r, gateway_calls=None, proxy_calls=None) for r in quiet]
+    )  # not counted (a report from before the counts): no warning
+    assert not [w for w in unwarned.warnings if "never fired" in w]
+    assert summary.resilience == unwarned.resilience
+    assert summary.pillar_scores == unwarned.pillar_scores
+    assert (summary.overall, summary.exit_code) == (unwarned.overall, unwarned.exit_code)
+
+    # One call on either channel of a two-channel scenario: the agent met chaos.
+    partly = [*run("slow", gateway=1, proxy=0), *run("llm-down", gateway=0, proxy=0)]
+    partly[-1].gateway_calls = 1  # one replica of two reached the gateway
+    assert not [w for w in score_run(spec, partly).warnings if "never fired" in w]
+    # Executions whose agent never ran (status error) say nothing about its calls.
+    never_ran = run("llm-down", gateway=None, proxy=None, status="error")
+    assert not [w for w in score_run(spec, never_ran).warnings if "never fired" in w]
+    one_ran = [*never_ran[:1], *run("llm-down", gateway=0, proxy=0)[1:]]
+    assert [w for w in score_run(spec, one_ran).warnings if "never fired" in w] == [
+        "scenario 'llm-down' injects llm_faults, but none of its 2 executions called the model"
+        " through the gateway: its faults never fired, so it measured nothing about resilience"
+    ]
+    # The counts travel in the JSON report's records, for `keystone score`.
+    assert ExecutionRecord.from_dict(quiet[2].to_dict()).gateway_calls == 0
 
 
 def test_human_override_of_a_judge_score_changes_the_recomputed_verdict() -> None:

@@ -6,13 +6,18 @@ ever). SQLite stores any length, so these tests also hold there."""
 from __future__ import annotations
 
 import json
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
 
+from checks.exit_codes import EXIT_SPEC_INVALID
+from checks.spec import SpecValidationError
 from evaluations import services
-from evaluations.models import Membership, Project, Role, Run, Spec
+from evaluations.models import Membership, Project, Role, Run, Spec, SpecVersion
+from tests.cli_helpers import embedded_env, run_keystone
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
@@ -183,6 +188,65 @@ def test_a_nul_character_in_a_spec_is_a_422_at_its_line(
 
 
 VALID = SPEC.format(id="labelled", scenario="calm", invariant="greets")
+
+
+def _deep_directory(root: Path, length: int) -> Path:
+    """A directory under `root` whose absolute path is `length` characters long (components
+    of at most 200: a file name is at most 255 bytes)."""
+    path = root.resolve()
+    while len(str(path)) < length:
+        path /= "d" * min(200, length - len(str(path)) - 1)
+    assert len(str(path)) == length
+    path.mkdir(parents=True)
+    return path
+
+
+def test_a_spec_directory_too_long_for_its_column_is_refused_naming_it(
+    project: Project, tmp_path: Path
+) -> None:
+    """The directory a spec was read from (`keystone run`, the demo) is stored with its
+    version, for its relative paths: a longer one than the column was refused by PostgreSQL in
+    the middle of the write, and stored whole by SQLite."""
+    limit = SpecVersion._meta.get_field("base_dir").max_length
+    assert limit == 1000
+    with pytest.raises(SpecValidationError) as refused:
+        services.spec_version_create(
+            project=project,
+            source_yaml=VALID,
+            base_dir=str(_deep_directory(tmp_path / "long", limit + 1)),
+            read_from_files=True,
+        )
+    (error,) = refused.value.errors
+    assert (error.path, error.message) == (
+        "base_dir",
+        "the directory the spec was read from is too long to store: at most 1000 characters,"
+        " got 1001",
+    )
+    assert not Spec.objects.exists()  # nothing half-stored
+    fits = str(_deep_directory(tmp_path / "fits", limit))
+    version = services.spec_version_create(
+        project=project, source_yaml=VALID, base_dir=fits, read_from_files=True
+    )
+    version.refresh_from_db()
+    assert version.base_dir == fits
+
+
+def test_keystone_run_from_a_directory_too_long_to_store_says_so_and_runs_nothing(
+    tmp_path: Path,
+) -> None:
+    spec = _deep_directory(tmp_path / "specs", 1100) / "labelled.yaml"
+    spec.write_text(VALID)
+    home = tmp_path / "home"
+    done = run_keystone("run", str(spec), env=embedded_env(home))
+    assert done.returncode == EXIT_SPEC_INVALID, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert (
+        "base_dir: the directory the spec was read from is too long to store: at most 1000"
+        " characters, got 1100" in done.stderr
+    )
+    assert f"{spec}: refused; nothing was run" in done.stderr
+    with sqlite3.connect(home / "keystone.sqlite3") as stored:
+        assert stored.execute("SELECT count(*) FROM evaluations_specversion").fetchone() == (0,)
 
 
 @pytest.mark.parametrize(("label", "limit"), [("git_sha", 64), ("branch", 255)])

@@ -16,6 +16,7 @@ from django.urls import reverse
 
 from evaluations import services
 from evaluations.models import Execution, ReviewItem, ReviewStatus, Run
+from evaluations.selectors import exports
 from tests.evaluations.review_world import add_check, add_execution, add_judge, make_run
 
 pytestmark = pytest.mark.django_db
@@ -142,6 +143,38 @@ def test_a_reviewer_who_has_not_graded_sees_no_verdict(
         assert HIDDEN in body and f"review item {item.pk}" in body
     if surface in ("json export", "markdown export", "api json report", "api markdown report"):
         assert HIDDEN in body
+
+
+def test_the_csv_blanks_the_verdict_columns_by_name_wherever_they_are(
+    two_projects: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A column added to the CSV, or its columns reordered, cannot move what is hidden onto
+    another column: passed, score, failure_code and message are found by name."""
+    run, execution, item = make_world(two_projects.mine)
+    judge = execution.check_results.get(check_type="llm_as_judge")
+    reordered = dict(reversed(list(exports.RESULT_CSV_FIELDS.items())))
+    fields = {"attempt": "execution__attempt", **reordered}  # a new column, in front
+    monkeypatch.setattr(exports, "RESULT_CSV_FIELDS", fields)
+    rows = [
+        dict(zip(fields, row, strict=True))
+        for row in exports.run_result_rows(run.pk, {judge.pk: item.pk})
+    ]
+    (hidden,) = [r for r in rows if r["message"].startswith(HIDDEN)]
+    assert hidden == {
+        **hidden,
+        "passed": "",
+        "score": "",
+        "failure_code": "",
+        "message": f"{HIDDEN} (review item {item.pk})",
+    }
+    assert (hidden["execution_id"], hidden["invariant"], hidden["attempt"]) == (
+        execution.pk,
+        "polite",
+        1,
+    )
+    assert hidden["check_type"] == "llm_as_judge" and hidden["source"] == "judge"
+    shown = [r for r in rows if r["check_type"] == "llm_as_judge" and r is not hidden]
+    assert [r["score"] for r in shown] == [0.9]
 
 
 def test_a_viewer_who_cannot_grade_sees_no_verdict_either(
