@@ -13,11 +13,12 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.template.defaultfilters import floatformat
 from django.utils import timezone
 from django.utils.formats import localize
-from django.utils.html import escape, format_html
+from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from evaluations.charts import wall_clock
+from evaluations.markup import escape
 from evaluations.selectors.bounds import capped_text
 
 register = template.Library()

@@ -14,13 +14,13 @@ from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
 from evaluations import charts, policy, queue, selectors, services
 from evaluations.access import ProjectAccess, project_for, projects_of
+from evaluations.markup import escape
 from evaluations.models import RUN_TERMINAL_STATUSES, AlertWindow, ChannelKind, Role
 from evaluations.numbers import whole_number
 from evaluations.templatetags.keystone import fixed, local_minute, percent

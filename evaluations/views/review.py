@@ -28,13 +28,13 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import truncatechars
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import escape
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
+from evaluations.markup import escape
 from evaluations.models import CheckResult, ReviewItem, ReviewStatus, ReviewVerdict, Role, Spec
 from evaluations.numbers import whole_number
 from evaluations.selectors import ReviewFilters

@@ -26,7 +26,6 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.formats import localize
-from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseStopPolling
@@ -34,6 +33,7 @@ from django_htmx.http import HttpResponseStopPolling
 from checks import reporters
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
+from evaluations.markup import escape
 from evaluations.models import Role, Run, RunStatus
 from evaluations.numbers import whole_number
 from evaluations.templatetags.keystone import (

@@ -13,7 +13,6 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
@@ -22,6 +21,7 @@ from checks.spec import SpecError, SpecValidationError, validate_spec_text
 from checks.spec.loader import load_yaml
 from evaluations import charts, selectors, services
 from evaluations.access import ProjectAccess, project_for
+from evaluations.markup import escape
 from evaluations.models import Role, Run, Spec, SpecVersion, Trigger
 from evaluations.numbers import whole_number
 from evaluations.templatetags.keystone import fixed, iso, local_minute, percent

@@ -22,7 +22,7 @@ from evaluations.models import ReviewItem, Role, Run, Spec
 from evaluations.selectors.reports import RegressionRow
 from evaluations.templatetags.keystone import run_table_row
 from evaluations.views.projects import _overview_charts
-from evaluations.views.reports import _improvement_row, _regression_rows
+from evaluations.views.reports import _improvement_rows, _regression_rows
 from evaluations.views.review import _queue_rows
 from evaluations.views.runs import _run_list_row
 from evaluations.views.specs import _trend_table_row
@@ -103,7 +103,7 @@ def test_the_report_rows_are_what_the_template_wrote() -> None:
     assert len(report["rows"]) == 324 and made.count('class="failing-execution"') == 432
 
     written = engine.from_string(IMPROVEMENT_LOOP).render(context)
-    assert "".join(_improvement_row(row) for row in report["improvements"]) == written
+    assert "".join(_improvement_rows(report["improvements"])) == written
 
 
 TREND_LOOP = """{% for row in trend_rows %}
