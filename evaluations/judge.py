@@ -22,15 +22,19 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db.models import F
 
-from checks.judge_client import JudgeClient, JudgeSettings
 from checks.results import JUDGE_CHECK_TYPES
 from checks.spec.semantics import JUDGE_MODEL_MAX
 from evaluations.models import JudgeCacheEntry, Run
+
+if TYPE_CHECKING:
+    # Imported where a judge is built: most runs have none, and a `keystone run` without
+    # one need not load the client (statistics, its retry and cost code).
+    from checks.judge_client import JudgeClient, JudgeSettings
 
 JUDGE_METHODS = frozenset({"judge", "embedding"})  # drift / similarity methods that need it
 
@@ -118,6 +122,8 @@ def scripted_rules(rules: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _client_settings(block: Mapping[str, Any], **overrides: Any) -> JudgeSettings:
+    from checks.judge_client import JudgeSettings
+
     values: dict[str, Any] = {
         "model": str(block.get("model") or settings.KEYSTONE_JUDGE_MODEL),
         "temperature": float(block.get("temperature") or 0.0),
@@ -174,6 +180,8 @@ def judge_for_run(run: Run) -> Iterator[JudgeClient | None]:
                 api_key=key,
                 credentials_problem=problem,
             )
+        from checks.judge_client import JudgeClient
+
         client = JudgeClient(client_settings, cache=cache)
         stack.callback(client.close)
         yield client

@@ -66,9 +66,17 @@ def test_django_setup_imports_neither_ninja_nor_pydantic(tmp_path: Path) -> None
     assert _printed_by(code, embedded_env(tmp_path), timeout=60) == "[]"
 
 
-# Imported by neither `keystone validate` nor a local `keystone run`: Celery (no broker: the
-# queue runs the jobs itself), the pages' selectors, and the libraries of jsonschema's format
-# checks when no schema check runs (checks/json_schema.py).
+# Imported by neither `keystone validate` nor a local `keystone run` of a spec without a
+# model, tools or a judge: Celery (no broker: the queue runs the jobs itself), the pages'
+# selectors, the libraries of jsonschema's format checks when no schema check runs
+# (checks/json_schema.py), and the parts of an execution such a spec does not have.
+SPEC_PARTS = (
+    "evaluations.runner.gateway",
+    "evaluations.runner.toolproxy",
+    "checks.judge_client",
+    "evaluations.services.reviews",
+    "evaluations.selectors.reviews",
+)
 NOT_AT_START_UP = (
     "celery",
     "kombu",
@@ -77,6 +85,7 @@ NOT_AT_START_UP = (
     "evaluations.selectors.trends",
     "evaluations.services.digest",
     *FORMAT_LIBRARIES,
+    *SPEC_PARTS,
 )
 
 NO_OP_SPEC = """\
@@ -91,13 +100,15 @@ invariants:
 """
 
 
-def _modules_after(tmp_path: Path, *argv: str) -> list[str]:
-    """The NOT_AT_START_UP modules loaded once `keystone ARGV` has run, in a fresh process."""
+def _modules_after(
+    tmp_path: Path, *argv: str, among: tuple[str, ...] = NOT_AT_START_UP
+) -> list[str]:
+    """The modules `among` loaded once `keystone ARGV` has run, in a fresh process."""
     code = (
         "import json, sys\n"
         "from evaluations.cli import main\n"
         f"code = main({list(argv)!r})\n"
-        f"loaded = sorted(m for m in {NOT_AT_START_UP!r} if m in sys.modules)\n"
+        f"loaded = sorted(m for m in {among!r} if m in sys.modules)\n"
         "print(json.dumps([code, loaded]))"
     )
     exit_code, loaded = _json_printed_by(
@@ -116,6 +127,19 @@ def test_a_local_run_imports_neither_celery_nor_pages(tmp_path: Path) -> None:
     spec = tmp_path / "noop.yaml"
     spec.write_text(NO_OP_SPEC, encoding="utf-8")
     assert _modules_after(tmp_path, "run", str(spec)) == []
+
+
+def test_a_run_imports_the_part_of_an_execution_its_spec_has(tmp_path: Path) -> None:
+    """A spec with a model gets its gateway (and its executions their model calls), and
+    still none of the parts it does not have: with two jobs, imported before the fork."""
+    spec = tmp_path / "with-llm.yaml"
+    spec.write_text(
+        NO_OP_SPEC.replace("replicas: 1", "replicas: 2")
+        + "llm: {provider: scripted, rules: [{reply: {content: hi}}]}\n",
+        encoding="utf-8",
+    )
+    loaded = _modules_after(tmp_path, "run", str(spec), "--jobs", "2", among=SPEC_PARTS)
+    assert loaded == ["evaluations.runner.gateway"]
 
 
 @pytest.mark.parametrize("package", ["evaluations.services", "evaluations.selectors"])
@@ -146,13 +170,13 @@ def test_a_celery_worker_imports_the_execution_path_and_freezes_the_collector_be
         "import django; django.setup()\n"
         "from celery.signals import worker_init\n"
         "from keystone_web.celery import app\n"
-        "wanted = ['evaluations.runner.harness', 'evaluations.judge']\n"
+        f"wanted = ['evaluations.runner.harness', 'evaluations.judge', *{SPEC_PARTS!r}]\n"
         "before = [m in sys.modules for m in wanted]\n"
         "worker_init.send(sender=None)\n"
         "print(json.dumps([before, [m in sys.modules for m in wanted], gc.get_freeze_count()]))"
     )
     before, after, frozen = _json_printed_by(code, embedded_env(tmp_path), timeout=60)
-    assert before == [False, False] and after == [True, True]
+    assert not any(before) and all(after)
     assert frozen > 10_000  # the objects of Django and the runner, out of the collector's way
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from checks.artifact import LLMCall, RunArtifact, ToolCall
 from checks.context import CheckContext, Judge, SecurityPolicy
@@ -32,7 +32,6 @@ from evaluations.runner.agents import invoke_agent, reset_agent
 from evaluations.runner.audit import write_audit
 from evaluations.runner.context_attacks import apply_to_messages
 from evaluations.runner.egress import Endpoint
-from evaluations.runner.gateway import Gateway
 from evaluations.runner.outputs import collect_output_artifacts
 from evaluations.runner.sandbox import (
     DEFAULT_DISK_MB,
@@ -41,7 +40,12 @@ from evaluations.runner.sandbox import (
     select_backend,
 )
 from evaluations.runner.services import ServiceSet
-from evaluations.runner.toolproxy import ToolProxy, with_model_arguments
+
+if TYPE_CHECKING:
+    # Imported where an execution starts them (_world): a spec without `llm` or tools never
+    # loads them.
+    from evaluations.runner.gateway import Gateway
+    from evaluations.runner.toolproxy import ToolProxy
 
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024
@@ -202,7 +206,10 @@ def run_execution(
             artifact.started_at = started
             artifact.finished_at = time.time()
             artifact.duration_ms = (artifact.finished_at - started) * 1000
-            artifact.tool_calls = with_model_arguments(artifact.tool_calls, artifact.llm_calls)
+            if proxy is not None:  # only the proxy's calls have a request to pair
+                from evaluations.runner.toolproxy import with_model_arguments
+
+                artifact.tool_calls = with_model_arguments(artifact.tool_calls, artifact.llm_calls)
 
             artifact.output_artifacts, output_warnings = collect_output_artifacts(
                 workspace, spec.raw.get("output_artifacts") or []
@@ -299,6 +306,8 @@ def _world(
         )
         gateway = None
         if spec.raw.get("llm"):
+            from evaluations.runner.gateway import Gateway
+
             gateway = stack.enter_context(
                 Gateway(
                     spec.raw["llm"],
@@ -317,6 +326,8 @@ def _world(
         # Python agents' tool callables are wrapped through the proxy even with no fault, so
         # every tool call is in the trace; a replay serves its recorded answers from it.
         if spec.raw.get("tools") or python_tools or replay is not None:
+            from evaluations.runner.toolproxy import ToolProxy
+
             service_urls = {
                 name: h.describe().get("url", "") for name, h in services.handles.items()
             }

@@ -23,7 +23,8 @@ from checks.planning import (
     PlannedExecution,
     execution_seed,
 )
-from checks.results import INTERNAL_ERROR_PREFIX
+from checks.results import INTERNAL_ERROR_PREFIX, JUDGE_CHECK_TYPES
+from checks.spec.model import Spec as EngineSpec
 from evaluations import policy, queue
 from evaluations.models import (
     Execution,
@@ -181,12 +182,24 @@ def harness_config(run: Run, spec: Any) -> Any:
 _EXECUTION_ROW = "SELECT * FROM evaluations_execution WHERE id = %s"
 
 
-def execution_modules_import() -> None:
-    """Import what execution_execute imports at its first call. A process about to fork
-    executing processes (`keystone run`, a Celery worker before its pool) calls it once, so
-    they share those modules' pages instead of each importing its own copy."""
+def execution_modules_import(spec: EngineSpec | None = None) -> None:
+    """Import what execution_execute imports at its first call for `spec`'s executions (for
+    any spec's when None). A process about to fork executing processes (`keystone run`, a
+    Celery worker before its pool) calls it once, so they share those modules' pages
+    instead of each importing its own copy."""
     import evaluations.judge  # noqa: F401
     import evaluations.runner.harness  # noqa: F401
+
+    # What the harness and the judge import only for a spec that has the part.
+    raw = spec.raw if spec is not None else None
+    if raw is None or raw.get("llm"):
+        import evaluations.runner.gateway  # noqa: F401
+    python = (raw or {}).get("agent", {}).get("type") == "python"
+    if raw is None or raw.get("tools") or raw.get("replay") or python:
+        import evaluations.runner.toolproxy  # noqa: F401
+    if spec is None or any(i.check_type in JUDGE_CHECK_TYPES for i in spec.invariants.values()):
+        import checks.judge_client  # noqa: F401
+        import evaluations.services.reviews  # noqa: F401  (finalizing queues the judge's results)
 
 
 def execution_execute(

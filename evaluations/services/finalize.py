@@ -29,8 +29,6 @@ from evaluations.selectors.baselines import active_baseline_for
 from evaluations.selectors.records import execution_record as execution_record_of
 from evaluations.selectors.records import run_records
 from evaluations.selectors.regressions import compared_verdicts, summary_failing_keys
-from evaluations.selectors.reviews import review_kappa
-from evaluations.services.reviews import review_items_select
 from evaluations.services.runs import engine_spec
 
 
@@ -65,7 +63,12 @@ def run_finalize(*, run_id: int) -> Run:
     # A run rescored after a review keeps the time it really finished.
     run.finished = run.finished or timezone.now()
     run.save()
-    review_items_select(run_id=run.pk)
+    if any(i.check_type in JUDGE_CHECK_TYPES for i in spec.invariants.values()):
+        # Only a judge's results are queued for review; without a judge there is nothing to
+        # queue, and a `keystone run` need not import the review queue (84 M instructions).
+        from evaluations.services.reviews import review_items_select
+
+        review_items_select(run_id=run.pk)
     queue.alerts_evaluate_later(run.pk)
     return run
 
@@ -263,6 +266,8 @@ def run_review_kappa(run: Run) -> float | None:
     """Judge-human kappa for the judge this run used (the models of its judge results),
     over the spec's completed reviews; None when there is nothing to measure."""
     from django.db.models.fields.json import KeyTextTransform, KeyTransform
+
+    from evaluations.selectors.reviews import review_kappa
 
     rows = (
         CheckResult.objects.filter(run=run, check_type__in=JUDGE_CHECK_TYPES)
