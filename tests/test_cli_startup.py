@@ -76,6 +76,8 @@ SPEC_PARTS = (
     "checks.judge_client",
     "evaluations.services.reviews",
     "evaluations.selectors.reviews",
+    "evaluations.runner.mutations",
+    "evaluations.runner.replay",
 )
 NOT_AT_START_UP = (
     "celery",

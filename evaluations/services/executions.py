@@ -200,6 +200,9 @@ def execution_modules_import(spec: EngineSpec | None = None) -> None:
     if spec is None or any(i.check_type in JUDGE_CHECK_TYPES for i in spec.invariants.values()):
         import checks.judge_client  # noqa: F401
         import evaluations.services.reviews  # noqa: F401  (finalizing queues the judge's results)
+    if spec is None:  # a worker plans runs too; `keystone run` planned its own before this
+        import evaluations.runner.mutations  # noqa: F401
+        import evaluations.runner.replay  # noqa: F401
 
 
 def execution_execute(

@@ -218,15 +218,18 @@ def _pillar_inputs(
     """The mutants and replay sessions of a run, and warnings. A run limited to some
     scenarios (`--scenario`) runs only those: the mutation and replay pillars belong to
     full runs."""
-    from evaluations.runner.mutations import plan_mutants
-    from evaluations.runner.replay import plan_sessions
-
     selection = run.options.get("only") or []
     reproduces_extra = any(s.get("pillar") in ("mutation", "replay") for s in selection)
     if run.options.get("scenarios") and not reproduces_extra:
         return [], [], []
-    run_seed = int(run.options.get("seed", 0))
     mutation_config = spec.raw.get("mutations")
+    replay_sessions = (spec.raw.get("replay") or {}).get("sessions")
+    if not (mutation_config or {}).get("types") and not replay_sessions:
+        return [], [], []  # neither pillar: nothing to plan, nor its modules to import
+    from evaluations.runner.mutations import plan_mutants
+    from evaluations.runner.replay import plan_sessions
+
+    run_seed = int(run.options.get("seed", 0))
     ask_model = None
     if (mutation_config or {}).get("use_llm") and spec.raw.get("llm"):
         ask_model = _mutation_writer(run, spec)
