@@ -43,3 +43,20 @@ def planned_run(project: Project, source: str, **options: Any) -> tuple[Run, lis
 def run_spec(project: Project, source: str, *, spec_dir: Path | str, **options: Any) -> Run:
     """new_run of `source` in `project`, run to completion."""
     return execute_run(new_run(project, source, spec_dir=str(spec_dir), **options))
+
+
+def agent_asking_the_model(on_error: str) -> str:
+    """A python script that asks the model once through the gateway ($OPENAI_BASE_URL) and
+    prints its answer, or `on_error` when the gateway answers with an error (a fault)."""
+    return f"""
+import json, os, urllib.error, urllib.request
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
+    data=json.dumps({{"model": "m", "messages": [{{"role": "user", "content": "hi"}}]}}).encode(),
+    headers={{"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}},
+)
+try:
+    print(json.load(urllib.request.urlopen(request, timeout=20))["choices"][0]["message"]["content"])
+except urllib.error.HTTPError:
+    print({on_error!r})
+"""

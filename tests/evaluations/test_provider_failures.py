@@ -14,23 +14,12 @@ import pytest
 from checks.artifact import LLMCall
 from evaluations.models import ExecutionStatus, Project
 from evaluations.runner.harness import provider_failure
-from tests.evaluations.execution_helpers import run_spec
+from tests.evaluations.execution_helpers import agent_asking_the_model, run_spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Asks the model once; on any error it apologises and exits 0, as a polite agent does.
-AGENT = """
-import json, os, urllib.error, urllib.request
-request = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
-    data=json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(),
-    headers={"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]},
-)
-try:
-    print(json.load(urllib.request.urlopen(request, timeout=20))["choices"][0]["message"]["content"])
-except urllib.error.HTTPError as exc:
-    print("Sorry, I cannot help right now.")
-"""
+AGENT = agent_asking_the_model("Sorry, I cannot help right now.")
 
 
 def _closed_port() -> int:

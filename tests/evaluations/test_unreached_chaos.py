@@ -18,22 +18,10 @@ from django.test import Client
 from evaluations import services
 from evaluations.models import Membership, Project, Role
 from tests.cli_helpers import embedded_env, run_keystone
-from tests.evaluations.execution_helpers import run_spec
+from tests.evaluations.execution_helpers import agent_asking_the_model, run_spec
 
-# Asks the scripted model once, through the gateway ($OPENAI_BASE_URL), and prints its
-# answer; under an injected fault it says so and exits 0.
-CALLS_THE_MODEL = """
-import json, os, urllib.error, urllib.request
-request = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
-    data=json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(),
-    headers={"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]},
-)
-try:
-    print(json.load(urllib.request.urlopen(request, timeout=20))["choices"][0]["message"]["content"])
-except urllib.error.HTTPError:
-    print("The model is away; done anyway.")
-"""
+# Asks the scripted model once, through the gateway; under an injected fault it says so.
+CALLS_THE_MODEL = agent_asking_the_model("The model is away; done anyway.")
 
 # Declares no use of the model at all: answers from its own code.
 NEVER_CALLS = 'print("done without asking the model")\n'
