@@ -23,7 +23,7 @@ from checks.planning import (
     PlannedExecution,
     execution_seed,
 )
-from checks.results import INTERNAL_ERROR_PREFIX, JUDGE_CHECK_TYPES
+from checks.results import INTERNAL_ERROR_PREFIX
 from checks.spec.model import Spec as EngineSpec
 from evaluations import policy, queue
 from evaluations.models import (
@@ -187,20 +187,20 @@ def execution_modules_import(spec: EngineSpec | None = None) -> None:
     any spec's when None). A process about to fork executing processes (`keystone run`, a
     Celery worker before its pool) calls it once, so they share those modules' pages
     instead of each importing its own copy."""
-    import evaluations.judge  # noqa: F401
     import evaluations.runner.harness  # noqa: F401
+    from evaluations.judge import spec_uses_judge
 
-    # What the harness and the judge import only for a spec that has the part.
+    # What the harness, the judge and finalizing import only for a spec that has the part.
     raw = spec.raw if spec is not None else None
     if raw is None or raw.get("llm"):
         import evaluations.runner.gateway  # noqa: F401
     python = (raw or {}).get("agent", {}).get("type") == "python"
     if raw is None or raw.get("tools") or raw.get("replay") or python:
         import evaluations.runner.toolproxy  # noqa: F401
-    if spec is None or any(i.check_type in JUDGE_CHECK_TYPES for i in spec.invariants.values()):
+    if raw is None or spec_uses_judge(raw):
         import checks.judge_client  # noqa: F401
         import evaluations.services.reviews  # noqa: F401  (finalizing queues the judge's results)
-    if spec is None:  # a worker plans runs too; `keystone run` planned its own before this
+    if raw is None:  # a worker plans runs too; `keystone run` planned its own before this
         import evaluations.runner.mutations  # noqa: F401
         import evaluations.runner.replay  # noqa: F401
 
