@@ -76,14 +76,13 @@ class Scenario:
         (the tool proxy: tool faults, and indirect injection into the tool answers it relays)
         and "gateway" (the LLM gateway: LLM faults, and the attacks that rewrite the
         conversation it forwards). A channel with no fault is left out."""
-        attacks = [str(a.get("type", "")) for a in self.context_attacks if isinstance(a, dict)]
-        in_tools = sorted({a for a in attacks if a == "indirect_injection"})
-        in_conversation = sorted({a for a in attacks if a != "indirect_injection"})
+        attacks = {str(a.get("type", "")) for a in self.context_attacks if isinstance(a, dict)}
+        in_conversation = sorted(attacks - {"indirect_injection"})
         channels: dict[str, list[str]] = {}
         if self.tool_faults:
             channels.setdefault("proxy", []).append("tool_faults")
-        if in_tools:
-            channels.setdefault("proxy", []).append(f"context_attacks ({', '.join(in_tools)})")
+        if "indirect_injection" in attacks:
+            channels.setdefault("proxy", []).append("context_attacks (indirect_injection)")
         if self.llm_faults:
             channels.setdefault("gateway", []).append("llm_faults")
         if in_conversation:
