@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from checks.exit_codes import (
     EXIT_GATE_FAILED,
@@ -27,6 +27,9 @@ from checks.exit_codes import (
     CommandFailed,
 )
 from evaluations.cli import start_up_over
+
+if TYPE_CHECKING:
+    from checks.spec.model import Spec as EngineSpec
 
 
 def setup_django(*, migrate: bool = True) -> None:
@@ -199,7 +202,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_SPEC_INVALID
     progress = Progress(sys.stdout)
     if settings.CELERY_TASK_ALWAYS_EAGER:
-        _run_in_process(run.pk, progress, args.jobs or default_jobs())
+        _run_in_process(run.pk, spec, progress, args.jobs or default_jobs())
     else:
         timeout = args.timeout or _default_timeout(run.pk)
         if not _run_on_workers(run.pk, progress, deadline=time.monotonic() + timeout):
@@ -231,14 +234,15 @@ def _default_timeout(run_id: int) -> float:
     return per_execution * max(1, run.execution_count or len(spec.prompts)) + 300.0
 
 
-def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
+def _run_in_process(run_id: int, spec: EngineSpec, progress: Progress, jobs: int) -> None:
     """Execute the run's executions on this machine, `jobs` at a time: threads in this
     process and in one forked process per further core. Threads, because an execution mostly
     waits on its sandbox's processes and on HTTP; processes, because preparing and recording
     an execution is Python work that holds its process's GIL (one process kept one core
     busy). Each thread keeps its own database connection for all the executions it takes
     (SQLite takes writers one at a time; see settings), and each execution is claimed
-    before it runs, as on the workers, so no two threads ever run the same one."""
+    before it runs, as on the workers, so no two threads ever run the same one. `spec`: the
+    run's spec as cmd_run read it (what the forked processes will need to import)."""
     import multiprocessing
 
     from django.db import connections
@@ -252,11 +256,9 @@ def _run_in_process(run_id: int, progress: Progress, jobs: int) -> None:
     if processes > 1:
         # Imported once before forking (what this run's spec needs): each forked process
         # inherits it instead of importing it again (~0.1 s of CPU each).
-        from evaluations.models import Run
         from evaluations.services.executions import execution_modules_import
 
-        run = Run.objects.select_related("spec_version").get(pk=run_id)
-        execution_modules_import(services.engine_spec(run))
+        execution_modules_import(spec)
     # The jobs shared out: this process's threads first, then each forked process's.
     threads = [jobs // processes + (index < jobs % processes) for index in range(processes)]
     context = multiprocessing.get_context("fork")
