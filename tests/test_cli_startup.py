@@ -69,7 +69,8 @@ def test_django_setup_imports_neither_ninja_nor_pydantic(tmp_path: Path) -> None
 # Imported by neither `keystone validate` nor a local `keystone run` of a spec without a
 # model, tools or a judge: Celery (no broker: the queue runs the jobs itself), the pages'
 # selectors, the libraries of jsonschema's format checks when no schema check runs
-# (checks/json_schema.py), and the parts of an execution such a spec does not have.
+# (checks/json_schema.py), the parts of an execution such a spec does not have, and the
+# alerts (a project without alert rules has nothing to evaluate).
 SPEC_PARTS = (
     "evaluations.runner.gateway",
     "evaluations.runner.toolproxy",
@@ -86,6 +87,8 @@ NOT_AT_START_UP = (
     "evaluations.selectors.digest",
     "evaluations.selectors.trends",
     "evaluations.services.digest",
+    "evaluations.services.alerts",
+    "evaluations.selectors.alerts",
     *FORMAT_LIBRARIES,
     *SPEC_PARTS,
 )

@@ -8,6 +8,7 @@ results never store the PII they found.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Callable
@@ -75,51 +76,60 @@ def _ipv6_valid(candidate: str) -> bool:
 
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 
-BUILTIN_DETECTORS: dict[str, list[Detector]] = {
-    "email": [
-        Detector(
-            "email",
-            re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
-        ),
-    ],
-    "phone": [
-        # International: +CC then groups separated by spaces, dots, dashes or parentheses.
-        Detector(
-            "phone",
-            re.compile(r"(?<![\w+])\+\d{1,3}(?:[\s.-]?\(?\d{1,4}\)?){2,6}(?!\d)"),
-            _phone_valid,
-        ),
-        # US: (555) 123-4567, 555-123-4567, 555.123.4567, 1-555-123-4567.
-        Detector(
-            "phone",
-            re.compile(
-                r"(?<![\w+])(?:1[\s.-])?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\d-])"
+BUILTIN_NAMES = ("email", "phone", "ssn", "credit_card", "ip_address")
+
+
+@functools.cache
+def builtin_detectors() -> dict[str, list[Detector]]:
+    """The built-in detectors by name, in BUILTIN_NAMES's order. Compiled at the first PII
+    check rather than at import: the registry imports every family at every start, and
+    most specs have no PII check."""
+    return {
+        "email": [
+            Detector(
+                "email",
+                re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
             ),
-            _phone_valid,
-        ),
-    ],
-    "ssn": [
-        Detector(
-            "ssn",
-            re.compile(r"(?<![\d-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\d-])"),
-        ),
-    ],
-    "credit_card": [
-        Detector("credit_card", re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"), luhn_valid),
-    ],
-    "ip_address": [
-        Detector(
-            "ip_address",
-            re.compile(rf"(?<![\d.])(?:{_OCTET}\.){{3}}{_OCTET}(?!\.?\d)"),
-        ),
-        Detector(
-            "ip_address",
-            re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:])"),
-            _ipv6_valid,
-        ),
-    ],
-}
-BUILTIN_NAMES = tuple(BUILTIN_DETECTORS)
+        ],
+        "phone": [
+            # International: +CC then groups separated by spaces, dots, dashes or parentheses.
+            Detector(
+                "phone",
+                re.compile(r"(?<![\w+])\+\d{1,3}(?:[\s.-]?\(?\d{1,4}\)?){2,6}(?!\d)"),
+                _phone_valid,
+            ),
+            # US: (555) 123-4567, 555-123-4567, 555.123.4567, 1-555-123-4567.
+            Detector(
+                "phone",
+                re.compile(
+                    r"(?<![\w+])(?:1[\s.-])?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}(?![\d-])"
+                ),
+                _phone_valid,
+            ),
+        ],
+        "ssn": [
+            Detector(
+                "ssn",
+                re.compile(r"(?<![\d-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\d-])"),
+            ),
+        ],
+        "credit_card": [
+            Detector(
+                "credit_card", re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"), luhn_valid
+            ),
+        ],
+        "ip_address": [
+            Detector(
+                "ip_address",
+                re.compile(rf"(?<![\d.])(?:{_OCTET}\.){{3}}{_OCTET}(?!\.?\d)"),
+            ),
+            Detector(
+                "ip_address",
+                re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:])"),
+                _ipv6_valid,
+            ),
+        ],
+    }
 
 
 def redact(match: str) -> str:
@@ -142,12 +152,12 @@ def find_pii(text: str, detectors: list[Detector]) -> dict[str, list[str]]:
 
 def _detectors(config: dict[str, Any]) -> list[Detector]:
     names = get_str_list(config, "patterns") if "patterns" in config else list(BUILTIN_NAMES)
-    unknown = [n for n in names if n not in BUILTIN_DETECTORS]
+    unknown = [n for n in names if n not in BUILTIN_NAMES]
     if unknown:
         raise ConfigError(
             f"unknown PII pattern(s) {unknown} (built-ins: {', '.join(BUILTIN_NAMES)})"
         )
-    detectors = [d for name in names for d in BUILTIN_DETECTORS[name]]
+    detectors = [d for name in names for d in builtin_detectors()[name]]
     for index, pattern in enumerate(get_str_list(config, "deny_patterns")):
         detectors.append(Detector(f"deny_pattern_{index}", compile_regex(pattern, re.IGNORECASE)))
     custom = config.get("custom_patterns") or []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from checks.artifact import RunArtifact
@@ -26,12 +27,18 @@ REFUSAL_PATTERNS = [
     r"\b(?:I|we) (?:decline|refuse) to\b",
     r"\b(?:cannot|can't) (?:help|assist) with (?:that|this)\b",
 ]
-_REFUSAL_REGEX = re.compile("|".join(f"(?:{p})" for p in REFUSAL_PATTERNS), re.IGNORECASE)
+
+
+@functools.cache
+def _refusal_regex() -> re.Pattern[str]:
+    """REFUSAL_PATTERNS as one pattern, compiled at the first refusal check rather than at
+    import (the registry imports every family at every start)."""
+    return re.compile("|".join(f"(?:{p})" for p in REFUSAL_PATTERNS), re.IGNORECASE)
 
 
 def find_refusal(text: str) -> str | None:
     """The refusal phrase found in `text`, or None."""
-    match = _REFUSAL_REGEX.search(text)
+    match = _refusal_regex().search(text)
     return match.group(0) if match else None
 
 

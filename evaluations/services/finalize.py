@@ -15,6 +15,7 @@ from checks.scoring import score_execution, score_run
 from checks.spec.model import Spec as EngineSpec
 from evaluations import queue
 from evaluations.models import (
+    AlertRule,
     Baseline,
     BaselineCell,
     CheckResult,
@@ -69,7 +70,10 @@ def run_finalize(*, run_id: int) -> Run:
         from evaluations.services.reviews import review_items_select
 
         review_items_select(run_id=run.pk)
-    queue.alerts_evaluate_later(run.pk)
+    if AlertRule.objects.filter(project_id=run.project_id, enabled=True).exists():
+        # A project without rules has nothing to evaluate: no task is sent, and a
+        # `keystone run` need not import the alerts.
+        queue.alerts_evaluate_later(run.pk)
     return run
 
 

@@ -18,7 +18,7 @@ import pytest
 from django.core import mail
 
 from evaluations import services
-from evaluations.models import AlertFiring, ChannelKind, FiringStatus, Project
+from evaluations.models import AlertFiring, AlertRule, ChannelKind, FiringStatus, Project
 from tests.evaluations.alert_history import NOW, finished_run, spec_in
 from tests.evaluations.execution_helpers import run_spec
 from tests.http_peer import HttpPeer, PeerHandler
@@ -359,3 +359,33 @@ def test_the_sweep_evaluates_a_run_whose_evaluation_message_was_lost(
     with django_capture_on_commit_callbacks(execute=True):
         services.firings_send_stale()  # evaluated once: nothing more
     assert len(receiver.requests) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_finalised_run_sends_the_alerts_task_only_when_its_project_has_an_enabled_rule(
+    receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A project with no rule, or with only disabled ones, has nothing to evaluate: no
+    message to the workers for every run it finalises (nor the alerts' import in the CLI)."""
+    from evaluations import queue
+
+    sent: list[int] = []
+    evaluate_later = queue.alerts_evaluate_later
+    monkeypatch.setattr(
+        queue, "alerts_evaluate_later", lambda run_id: (sent.append(run_id), evaluate_later(run_id))
+    )
+    project = Project.objects.create(name="Alerts", slug="alerts")
+    run_spec(project, FAILING_SPEC, spec_dir=tmp_path)
+    channel = services.alert_channel_create(
+        project=project, name="hook", kind="webhook", target=receiver.url, secret=SECRET
+    )
+    rule = services.alert_rule_create(
+        project=project, name="broken", condition="pass_rate < 1", channel_ids=[channel.pk]
+    )
+    AlertRule.objects.filter(pk=rule.pk).update(enabled=False)
+    run_spec(project, FAILING_SPEC, spec_dir=tmp_path)
+    assert sent == [] and receiver.requests == []
+    AlertRule.objects.filter(pk=rule.pk).update(enabled=True)
+    run = run_spec(project, FAILING_SPEC, spec_dir=tmp_path)
+    assert sent == [run.pk]
+    assert [p["run"]["id"] for p in receiver.payloads()] == [run.pk]

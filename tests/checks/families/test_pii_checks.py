@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from checks.families.pii import BUILTIN_DETECTORS, find_pii, luhn_valid
+from checks.families.pii import BUILTIN_NAMES, builtin_detectors, find_pii, luhn_valid
 from checks.results import FailureCode
 
 
 def _found(text, name):
-    return find_pii(text, BUILTIN_DETECTORS[name]).get(name, [])
+    return find_pii(text, builtin_detectors()[name]).get(name, [])
 
 
 @pytest.mark.parametrize(
@@ -108,3 +108,11 @@ def test_pii_bad_configuration(run_check):
     )
     bad_custom = {"type": "pii", "custom_patterns": [{"name": "x"}]}
     assert run_check(bad_custom, output="x").failure_code is FailureCode.CHECK_ERROR
+
+
+def test_the_built_in_names_are_the_detectors_names_in_order() -> None:
+    """BUILTIN_NAMES is what the check accepts and what it runs when given no `patterns`;
+    the detectors are built only at the first check, from their own list."""
+    detectors = builtin_detectors()
+    assert tuple(detectors) == BUILTIN_NAMES
+    assert all(d.name == name for name, found in detectors.items() for d in found)
