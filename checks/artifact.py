@@ -15,6 +15,9 @@ NO_VERDICT_STATUSES = ("error", "provider_error")
 
 @dataclass(slots=True)
 class ToolCall:
+    """One tool call: made by the agent (through the tool proxy, or recorded by a python
+    agent's host) or asked for by the model in one of its replies (`source`)."""
+
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
     response: str | None = None
@@ -31,6 +34,9 @@ class ToolCall:
 
 @dataclass(slots=True)
 class LLMCall:
+    """One request the agent sent to its model through the LLM gateway: the bodies, tokens,
+    cost and latency, the fault injected if any, and the tool calls the model asked for."""
+
     model: str
     request: dict[str, Any] = field(default_factory=dict)
     response: dict[str, Any] = field(default_factory=dict)
@@ -46,6 +52,8 @@ class LLMCall:
 
 @dataclass(slots=True)
 class HttpCall:
+    """One request an `http_mock` service received, and the answer it gave."""
+
     service: str
     method: str
     path: str
@@ -59,6 +67,8 @@ class HttpCall:
 
 @dataclass(slots=True)
 class FileChange:
+    """A file the agent added, removed or modified in its workspace."""
+
     path: str  # workspace-relative, forward slashes
     change: str  # added | removed | modified
     content: str | None = None  # text content for small text files
@@ -67,6 +77,9 @@ class FileChange:
 
 @dataclass(slots=True)
 class OutputArtifact:
+    """An output the agent produced, a workspace file (`path`) or a `uri`, with its type: from
+    the spec's `output_artifacts` or the agent's own `.keystone/artifacts.json`."""
+
     artifact_type: str
     path: str = ""
     uri: str = ""
@@ -74,6 +87,9 @@ class OutputArtifact:
 
 @dataclass(slots=True)
 class RunArtifact:
+    """Everything one agent invocation left behind: its output and status, its calls to tools,
+    model and mocks, its workspace changes and database writes. The only input of the checks."""
+
     final_output: str = ""
     status: str = "success"
     exit_code: int | None = 0

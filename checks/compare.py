@@ -32,6 +32,9 @@ WORSE = ("regressed", "new_failure_code", "gate_flipped")
 
 @dataclass(slots=True)
 class CellChange:
+    """One matrix cell, replica group or gate of a run against the same one in the reference:
+    the pass counts of both, the verdict (see the module docstring) and its p-value."""
+
     kind: str  # invariant (an invariant x scenario cell) | group (a scenario x prompt group) | gate
     key: str
     verdict: str
@@ -52,6 +55,8 @@ class CellChange:
 
 @dataclass(slots=True)
 class Comparison:
+    """Every cell, group and gate of two runs compared, at significance level `alpha`."""
+
     alpha: float
     cells: list[CellChange]
 

@@ -21,6 +21,8 @@ class SecurityPolicy:
 
 @dataclass(slots=True)
 class CommandResult:
+    """How a command run for a check ended: exit code, output, and whether it timed out."""
+
     exit_code: int
     stdout: str
     stderr: str
@@ -102,6 +104,9 @@ def _text(value: str | bytes | None) -> str:
 
 @dataclass(slots=True)
 class CheckContext:
+    """What a check may use besides the artifact: the workspace, services, policy, judge, the
+    baseline to compare with, and the earlier results of the same execution."""
+
     workspace: Path | None = None
     spec_dir: Path = field(default_factory=Path.cwd)
     prompt: str = ""

@@ -224,6 +224,9 @@ def drift_messages(*, baseline: str, current: str) -> list[Message]:
 
 @dataclass(slots=True)
 class Verdict:
+    """A judge's reply, parsed: a score in [0, 1], pass or fail when the judge said so, its
+    reasoning and per-dimension scores (a drift reply has only the score and reasoning)."""
+
     score: float
     passed: bool | None = None
     reasoning: str = ""
@@ -390,6 +393,9 @@ def provider_semaphore(base_url: str, limit: int) -> threading.BoundedSemaphore:
 
 @dataclass(frozen=True, slots=True)
 class JudgeSettings:
+    """How the judge client reaches its provider and calls it: model, endpoint and key,
+    sampling, timeouts and retries, concurrency, and prices."""
+
     model: str = "gpt-4o-mini"
     base_url: str | None = None  # None: the SDK's default endpoint (api.openai.com)
     # What the cache key and the concurrency limit call this endpoint; default: base_url.
@@ -414,6 +420,9 @@ class JudgeSettings:
 
 @dataclass(slots=True)
 class _Reply:
+    """A model's answer text and the tokens it took; after a repair, the second answer with
+    the tokens of both calls."""
+
     text: str
     input_tokens: int
     output_tokens: int

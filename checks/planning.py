@@ -51,6 +51,9 @@ def execution_seed(run_seed: int, key: str) -> int:
 
 @dataclass(slots=True)
 class PlannedExecution:
+    """One execution of a run as planned: scenario, prompt and replica, its pillar, the
+    invariants it scores, and the mutant or replay session it runs, if any."""
+
     scenario: str
     prompt_index: int
     prompt: str

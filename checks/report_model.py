@@ -196,6 +196,9 @@ class MatrixCell:
 
 @dataclass(slots=True)
 class Resilience:
+    """The run's resilience: the severity-weighted share of matrix cells that passed, and its
+    failing critical cells (any one fails the run)."""
+
     score: float | None  # 0..100, None when there is no cell
     critical_failed: bool
     critical_failures: int
@@ -209,6 +212,9 @@ class Resilience:
 
 @dataclass(slots=True)
 class GateResult:
+    """One gate of the run: the measured value against its threshold, whether it passed, and
+    the message the reports print."""
+
     name: str
     passed: bool
     actual: float | None
@@ -222,6 +228,9 @@ class GateResult:
 
 @dataclass(slots=True)
 class RunMetrics:
+    """Figures of the whole run: executions, pass rate, durations, tool calls, tokens, cost,
+    tool success rate and the judge's mean score."""
+
     executions: int
     pass_rate: float | None
     mean_duration_ms: float | None

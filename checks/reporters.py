@@ -93,6 +93,9 @@ def render_json(summary: RunSummary) -> str:
 
 @dataclass(slots=True)
 class LoadedReport:
+    """A JSON run report read back by `load_report`: score_run's inputs (spec, records, kappa)
+    and the summary the report holds."""
+
     spec: Spec
     records: list[ExecutionRecord]
     kappa: float | None

@@ -17,6 +17,8 @@ from evaluations.models import ROLE_RANK, Project, Role
 
 @dataclass(frozen=True, slots=True)
 class ProjectAccess:
+    """The signed-in user's access to one project: the project and their role in it."""
+
     project: Project
     role: Role
 

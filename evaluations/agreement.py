@@ -26,6 +26,9 @@ class Pair:
 
 @dataclass(frozen=True, slots=True)
 class Agreement:
+    """How far the judge and people agreed over a set of pairs: the 2x2 counts, percent
+    agreement, Cohen's kappa and the mean absolute error of the scores."""
+
     n: int
     agreed: int
     both_pass: int
@@ -141,6 +144,8 @@ def agreement(pairs: Iterable[Pair]) -> Agreement:
 
 @dataclass(frozen=True, slots=True)
 class TrendPoint:
+    """The agreement as it stood at the end of one day with decisions."""
+
     day: date
     added: int  # pairs decided that day
     cumulative: Agreement  # everything decided up to and including that day

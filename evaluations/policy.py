@@ -30,6 +30,8 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Policy:
+    """The operator's limits on what a spec may ask of this server (KEYSTONE_POLICY_*)."""
+
     min_backend: str
     allowed_secrets: frozenset[str] | None  # None: any name that is not the server's own
     max_timeout_seconds: float

@@ -30,6 +30,9 @@ from checks.results import FailureCode, Outcome
 
 @dataclass(frozen=True)
 class Detector:
+    """A named kind of PII: a regex, and a test each match must pass to count (card numbers
+    must pass the Luhn check)."""
+
     name: str
     regex: re.Pattern[str] | UserPattern  # built-in detectors, or a spec's (time-limited)
     valid: Callable[[str], bool] = lambda _match: True

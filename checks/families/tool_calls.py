@@ -24,6 +24,9 @@ def _show(value: Any) -> str:
 
 @dataclass
 class _Tally:
+    """The sub-expectations checked so far: how many were met, the failures in order, and one
+    entry per sub-expectation for the result's details."""
+
     met: int = 0
     total: int = 0
     failures: list[tuple[FailureCode, str]] = field(default_factory=list)

@@ -8,6 +8,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class SpecError:
+    """One validation problem of a spec: its YAML path, a message for people, and where it is
+    written."""
+
     path: str  # dotted YAML path ("invariants.tests_pass.check.type"), "" for the root
     message: str
     line: int | None  # 1-based

@@ -39,6 +39,9 @@ class Mark(NamedTuple):
 
 @dataclass(slots=True)
 class LoadProblem:
+    """A problem met while reading the YAML (a duplicate key, an unreadable value, a parser
+    error), with its path and where it is written."""
+
     path: Path
     message: str
     mark: Mark
@@ -46,6 +49,9 @@ class LoadProblem:
 
 @dataclass(slots=True)
 class LoadedYaml:
+    """A parsed YAML document: the data, where each path's key and value are written, and the
+    problems met."""
+
     data: Any
     value_marks: dict[Path, Mark] = field(default_factory=dict)
     key_marks: dict[Path, Mark] = field(default_factory=dict)

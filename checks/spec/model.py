@@ -16,6 +16,9 @@ NO_CHAOS = "no-chaos"
 
 @dataclass(slots=True)
 class Invariant:
+    """One invariant of a spec: its check, how it counts (weight, gate, severity), when it
+    applies, and its probe prompts."""
+
     id: str
     description: str
     check: dict[str, Any]
@@ -53,6 +56,9 @@ class Invariant:
 
 @dataclass(slots=True)
 class Scenario:
+    """One entry of the chaos matrix: the tool faults, LLM faults and context attacks it
+    injects (a `profile` already expanded into them)."""
+
     name: str
     tool_faults: list[dict[str, Any]] = field(default_factory=list)
     llm_faults: list[dict[str, Any]] = field(default_factory=list)
@@ -116,6 +122,8 @@ class Scenario:
 
 @dataclass(slots=True)
 class ScoringConfig:
+    """The spec's `scoring` block: pass threshold, replica aggregation and pillar weights."""
+
     # None: an execution passes when every active invariant passed (docs/scoring.md).
     pass_threshold: float | None = None
     replica_aggregation: str = "all"
@@ -135,6 +143,9 @@ class ScoringConfig:
 
 @dataclass(slots=True)
 class Spec:
+    """A validated spec, typed. `raw` is the whole validated mapping: the blocks not parsed
+    here (agent, services, forbidden...) are read from it."""
+
     id: str
     raw: dict[str, Any]
     prompts: list[str]

@@ -46,6 +46,9 @@ def compiled_validator() -> jsonschema.Draft202012Validator:
 
 @dataclass(frozen=True, slots=True)
 class _Validators:
+    """The schema compiled in parts (see `_validators`): the document without the per-type
+    check rules, and one validator per check type."""
+
     document: jsonschema.Draft202012Validator
     checks: dict[str, jsonschema.Draft202012Validator]
 

@@ -31,6 +31,8 @@ _lock = threading.Lock()
 
 @dataclass(slots=True)
 class _Server:
+    """An agent server started here: its process, and the file its output goes to."""
+
     process: subprocess.Popen[bytes]
     log_path: Path
 

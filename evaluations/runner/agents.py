@@ -42,6 +42,9 @@ _MAX_AGENT_RESULT_BYTES = 16 * 1024 * 1024
 
 @dataclass(slots=True)
 class AgentResult:
+    """What one invocation of the agent gave back, before the harness makes it the
+    execution's RunArtifact."""
+
     final_output: str
     status: str  # success | failed | timed_out | error
     exit_code: int | None = None
@@ -180,6 +183,9 @@ def _agent_env(agent_config: dict[str, Any]) -> dict[str, str]:
 
 @dataclass(slots=True)
 class _SandboxInvocation:
+    """One invocation of a command or python agent: its sandbox, workspace and limits, and
+    Keystone's files in its `.keystone/`."""
+
     sandbox: Sandbox
     workspace: Path
     spec_dir: Path

@@ -46,6 +46,8 @@ _V2_WORKER_LEAF = "worker"
 
 @dataclass(frozen=True, slots=True)
 class _Hierarchy:
+    """A cgroup hierarchy in which this worker can make its commands' groups."""
+
     parent: Path  # where this worker's groups are made
     controllers: tuple[str, ...]  # which of LIMITED it limits
     version: int  # 1 or 2

@@ -45,6 +45,8 @@ class Seed:
 
 @dataclass(frozen=True, slots=True)
 class TableState:
+    """A table's fingerprint: its row count and an order-independent checksum of its rows."""
+
     rows: int
     checksum: str
 

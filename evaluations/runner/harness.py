@@ -73,6 +73,9 @@ class HarnessConfig:
 
 @dataclass(slots=True)
 class ExecutionOutcome:
+    """What one execution produced: its artifact, check results, forbidden violations and
+    warnings, secrets redacted; `workspace` is its directory (removed unless keep_workspace)."""
+
     artifact: RunArtifact
     results: list[CheckResult]
     forbidden_violations: list[dict[str, Any]]

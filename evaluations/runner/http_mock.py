@@ -33,6 +33,8 @@ class ServiceTypeError(TypeError):
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """One route of an `http_mock`, compiled: the requests it matches and the reply it sends."""
+
     method: str  # upper-case, or "*" for any
     path_pattern: re.Pattern[str]
     matches_query: bool  # the declared path has a "?...": match it against path + query
@@ -50,6 +52,9 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class MockConfig:
+    """An `http_mock` service as the spec declares it: its routes, the reply to any other
+    request, and whether the checks may read its requests (`record`)."""
+
     name: str
     record: bool
     routes: list[Route]

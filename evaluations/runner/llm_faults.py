@@ -34,6 +34,9 @@ DRIFT_TYPES = (
 
 @dataclass(frozen=True, slots=True)
 class LLMFault:
+    """One entry of a scenario's `llm_faults`: the mode, when it may fire (probability,
+    after_calls), and the mode's own options."""
+
     mode: str
     index: int  # position in the scenario's list, part of the random seed
     probability: float = 1.0

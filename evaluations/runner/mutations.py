@@ -92,6 +92,8 @@ MUTATION_DESCRIPTIONS: dict[str, str] = {
 
 @dataclass(frozen=True, slots=True)
 class Mutation:
+    """One mutant of a prompt: its type, its text, and the seed that reproduces it."""
+
     type: str
     prompt: str
     seed: int

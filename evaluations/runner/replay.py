@@ -26,6 +26,9 @@ class ReplayFormatError(ValueError):
 
 @dataclass(slots=True)
 class ReplaySession:
+    """A replay session (docs/replay.md): the input the agent got, its context, and the answers
+    each tool gave, to serve again; `expected` is what the recorded execution ended with."""
+
     id: str
     input: str
     context: Any = None

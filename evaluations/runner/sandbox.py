@@ -56,6 +56,9 @@ LOCAL_FALLBACK_WARNING = "bubblewrap is not usable on this host; executions run 
 
 @dataclass(slots=True)
 class ProcessResult:
+    """How a sandboxed command ended: exit code, output (cut at the cap), time and CPU used,
+    and why it could not start or was killed."""
+
     exit_code: int | None
     stdout: str
     stderr: str

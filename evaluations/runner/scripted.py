@@ -90,6 +90,8 @@ def _digest(*parts: object) -> str:
 
 @dataclass(slots=True)
 class _Rule:
+    """A rule of the scripted provider, checked: its `when` (the regexes compiled) and reply."""
+
     when: dict[str, Any]
     reply: dict[str, Any]
     patterns: dict[str, re.Pattern[str]] = field(default_factory=dict)
@@ -459,6 +461,8 @@ def error_body(message: str, *, kind: str, code: str | None = None) -> dict[str,
 
 @dataclass(slots=True)
 class HttpRequest:
+    """A request to a LoopbackHTTPServer, read whole, as its handler gets it."""
+
     method: str
     path: str
     headers: dict[str, str]  # lower-cased names
@@ -472,6 +476,8 @@ class HttpRequest:
 
 @dataclass(slots=True)
 class HttpReply:
+    """What a handler answers: status, body (bytes, or chunks to stream) and headers."""
+
     status: int
     body: bytes | Iterable[bytes] = b""
     headers: dict[str, str] = field(default_factory=dict)

@@ -70,6 +70,9 @@ def tool_env_name(tool: str) -> str:
 
 @dataclass(slots=True)
 class _Answer:
+    """What the proxy answers a tool call with: the tool's reply (relayed or replayed) or one
+    a fault made up, and the error the call records."""
+
     status: int
     body: bytes
     headers: list[tuple[str, str]]

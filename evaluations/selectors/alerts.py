@@ -64,6 +64,8 @@ _CONDITION = re.compile(r"^\s*(?P<metric>[A-Za-z_][\w]*)\s*(?P<op>[<>=!]+)\s*(?P
 
 @dataclass(frozen=True, slots=True)
 class Condition:
+    """An alert rule's condition, parsed: a metric compared with a threshold, or an event."""
+
     metric: str
     op: str = ">"
     threshold: float = 0.0

@@ -161,6 +161,9 @@ class ExecutionPair:
 
 @dataclass(frozen=True, slots=True)
 class PairPage:
+    """One page of the cells that differ between two runs, how many differ from it on, and
+    the cursor of the next."""
+
     pairs: list[ExecutionPair]
     remaining: int  # the executions that differ from this page on, this page's included
     next_cursor: str | None  # what `cursor=` takes for the page after this one; None: last

@@ -73,6 +73,8 @@ def artifact_in_project(project: Project, execution_id: int, artifact_id: int) -
 
 @dataclass(frozen=True, slots=True)
 class ArtifactText:
+    """The start of an artifact's file as text, and whether there is more, or no file at all."""
+
     text: str
     clipped: bool  # the file is longer than what was read
     missing: bool = False  # the row exists but its file is gone from storage
@@ -92,6 +94,8 @@ def artifact_text(artifact: Artifact, *, limit: int = ARTIFACT_TEXT_PREVIEW_BYTE
 
 @dataclass(frozen=True, slots=True)
 class ArtifactJson:
+    """An artifact's parsed JSON, or why the page shows none."""
+
     data: Any
     problem: str = ""  # "" | "too large" | "missing" | "not JSON": then `data` is None
 
@@ -373,6 +377,8 @@ EXECUTION_FAILED_STATUSES = (
 
 @dataclass(frozen=True, slots=True)
 class ExecutionPage:
+    """One page of a run's executions for the API, and the cursor of the next."""
+
     executions: list[Execution]
     next_after: int | None  # the id to pass back as the cursor, None on the last page
 

@@ -30,6 +30,9 @@ from evaluations.models import (
 
 @dataclass(frozen=True, slots=True)
 class Regression:
+    """A group (or an invariant x scenario cell) whose verdict changed between the active
+    baseline and the spec's latest completed run: a regression, or an improvement."""
+
     spec_slug: str
     baseline_name: str
     run_id: int

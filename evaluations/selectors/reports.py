@@ -40,6 +40,9 @@ from evaluations.selectors.regressions import (
 
 @dataclass(frozen=True, slots=True)
 class RegressionRow:
+    """One row of the regressions report (a regression or an improvement), with the run
+    details and links the page, its exports and the alerts show."""
+
     spec: str
     branch: str
     baseline: str
@@ -72,6 +75,9 @@ class RegressionRow:
 
 @dataclass(slots=True)
 class RegressionReport:
+    """The regressions report of a project: its regressions, its improvements, and why it is
+    empty when it is."""
+
     project: str
     since: str | None
     rows: list[RegressionRow] = field(default_factory=list)

@@ -156,6 +156,8 @@ def review_grades(project: Project, filters: ReviewFilters) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class ReviewPage:
+    """One page of the review queue, and where the next starts."""
+
     items: list[Any]
     next_cursor: RunCursor | None  # where the next page starts; None on the last page
 
@@ -255,6 +257,8 @@ def _review_criteria(project_id: int) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallLine:
+    """A tool call as the review item page lists it, arguments and response cut short."""
+
     name: str
     arguments: str
     response: str
@@ -381,6 +385,9 @@ def _short(text: str, limit: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class AgreementRow:
+    """Judge-human agreement for one (judge model, criteria, prompt version), with its daily
+    trend."""
+
     judge_model: str
     criteria: str
     prompt_version: str

@@ -50,6 +50,8 @@ RESULT_SOURCE_RANK = {"engine": 0, "judge": 1, "human": 2}
 
 @dataclass(frozen=True, slots=True)
 class RunFilters:
+    """The run list's filters; one left empty filters nothing."""
+
     spec: str = ""  # spec slug
     status: str = ""
     label: tuple[str, str] | None = None  # (key, value) in Run.labels
@@ -87,6 +89,8 @@ class RunCursor:
 
 @dataclass(frozen=True, slots=True)
 class RunPage:
+    """One page of the run list, and where the next starts."""
+
     runs: list[Run]
     next_cursor: RunCursor | None
 
@@ -223,6 +227,8 @@ def executions_by_id(run_id: int, ids: list[int]) -> dict[int, Execution]:
 
 @dataclass(frozen=True, slots=True)
 class CellRow:
+    """One execution behind a matrix cell, with its results for the cell's invariant."""
+
     execution: Execution
     results: list[CheckResult]  # this invariant on this execution, every source
     effective: CheckResult | None  # the one that counts: human > judge > engine

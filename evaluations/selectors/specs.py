@@ -46,6 +46,8 @@ def latest_run_subquery(status: str | None = None) -> Subquery:
 
 @dataclass(frozen=True, slots=True)
 class SpecRow:
+    """A row of the spec list: the spec, its latest version number and its last run."""
+
     spec: Spec
     latest_number: int | None
     last_run: Run | None

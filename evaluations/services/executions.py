@@ -319,6 +319,9 @@ def _errored(execution: Execution) -> Execution:
 
 @dataclass(eq=False)
 class _Lease:
+    """An execution this process is running, whose lease it renews; its `sandbox` is stopped
+    if the run is cancelled."""
+
     execution_id: int
     worker: str
     sandbox: Any

@@ -61,6 +61,9 @@ def _checked_grade(passed: Any, score: Any, note: Any) -> tuple[bool, float, str
 
 @dataclass(frozen=True, slots=True)
 class ReviewSubmission:
+    """What recording one grade did: the item, the verdict stored, and the result change when
+    the grade completed the item."""
+
     item: ReviewItem
     verdict: ReviewVerdict
     change: ResultChange | None  # set when this verdict completed the item

@@ -72,6 +72,9 @@ class ReviewInputError(ReviewError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ReviewPolicy:
+    """Which judge results are queued for people and how they are graded: the defaults, then
+    the project's `review_policy`, then the spec's `review:` block."""
+
     all: bool
     sample_rate: float
     borderline_margin: float | None

@@ -199,6 +199,9 @@ def run_list(request: HttpRequest, project_slug: str) -> HttpResponse:
 
 @dataclass(frozen=True, slots=True)
 class Heatmap:
+    """The run page's matrix: the scenario columns and, per invariant, its cells in that order
+    (None where there is no cell)."""
+
     scenarios: list[str]
     rows: list[tuple[str, list[dict[str, Any] | None]]]  # invariant, cells by scenario
 

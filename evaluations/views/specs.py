@@ -128,6 +128,8 @@ def spec_detail(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
 
 @dataclass(frozen=True, slots=True)
 class DiffLine:
+    """One line of a unified diff between two spec versions, with its kind for styling."""
+
     kind: str  # header | hunk | added | removed | context
     text: str
 
