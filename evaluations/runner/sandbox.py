@@ -734,6 +734,13 @@ class LocalSandbox(_ProcessSandbox):
         self._lease: local_uids.UidLease | None = None
         self._lease_lock = threading.Lock()
 
+    def _environment(self, env: dict[str, str], workspace_in_sandbox: str) -> dict[str, str]:
+        # Without a mount namespace there is no private /tmp: temporary files go in the
+        # workspace, removed with it and out of other executions' reach, not in the host's
+        # /tmp (a TMPDIR the spec sets still wins).
+        tmp = {"TMPDIR": f"{workspace_in_sandbox}/.keystone/tmp"}
+        return {**tmp, **super()._environment(env, workspace_in_sandbox)}
+
     def _runs_as_own_uid(self, workspace: Path) -> bool:
         # As its own uid wherever another user can reach the workspace (without a mount
         # namespace there is no other way in); elsewhere the run carries a warning
@@ -830,7 +837,9 @@ def _cpu_limit(timeout: float, cpus: float | None) -> int:
 
 
 def _ensure_home(workspace: Path) -> None:
+    """The agent's HOME, and the local backend's TMPDIR, inside its workspace."""
     (workspace / ".keystone" / "home").mkdir(parents=True, exist_ok=True)
+    (workspace / ".keystone" / "tmp").mkdir(exist_ok=True)
 
 
 # --------------------------------------------------------------------------- bubblewrap

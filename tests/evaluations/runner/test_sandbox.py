@@ -95,10 +95,34 @@ def test_environment_holds_only_what_is_passed(
         "PATH",
         "HOME",
         "LANG",
+        "TMPDIR",  # local only: in the workspace (bwrap has a private /tmp)
         "PWD",
         "SHLVL",
         "_",
     }
+
+
+def test_temporary_files_stay_out_of_the_host_s_tmp(
+    process_sandbox: Sandbox, workspace: Path
+) -> None:
+    """bwrap gives the agent a private /tmp; the local backend its workspace's .keystone/tmp:
+    either way nothing an agent leaves there outlives its workspace or meets another's."""
+    result = process_sandbox.run(
+        "mktemp && python3 -c 'import tempfile; print(tempfile.mkstemp()[1])'",
+        workspace=workspace,
+        env={},
+        timeout=10,
+    )
+    made = [Path(line) for line in result.stdout.split()]
+    assert len(made) == 2, result
+    for path in made:
+        assert path.is_relative_to(workspace) or not path.exists(), path
+    if isinstance(process_sandbox, LocalSandbox):
+        assert all(path.parent == workspace / ".keystone" / "tmp" for path in made)
+    given = process_sandbox.run(
+        "echo $TMPDIR", workspace=workspace, env={"TMPDIR": "/var/tmp"}, timeout=10
+    )
+    assert given.stdout == "/var/tmp\n"
 
 
 def test_timeout_kills_the_whole_process_tree(process_sandbox: Sandbox, workspace: Path) -> None:
