@@ -57,13 +57,14 @@ def test_the_workspace_stays_writable_for_the_agent(reachable: Path) -> None:
     (workspace / "src" / "app.py").write_text("print('v1')\n")
     result = LocalSandbox().run(
         "echo \"print('v2')\" > src/app.py && mkdir -p out && echo done > out/r.txt "
-        "&& echo home > $HOME/h && echo ok",
+        "&& echo home > $HOME/h && mktemp > /dev/null && echo ok",
         workspace=workspace,
         env={},
         timeout=30,
     )
     assert result.stdout.strip() == "ok", result.stderr
     assert (workspace / "out" / "r.txt").read_text() == "done\n"
+    assert len(list((workspace / ".keystone" / "tmp").iterdir())) == 1  # its TMPDIR
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
