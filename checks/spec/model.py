@@ -12,6 +12,12 @@ SEVERITY_WEIGHTS = {"critical": 3, "high": 2, "medium": 1, "low": 1}
 WHEN_VALUES = ("always", "tool_faults_active", "llm_faults_active", "any_chaos_active", "no_chaos")
 DEFAULT_PILLAR_WEIGHTS = {"mutation": 0.20, "chaos": 0.35, "contract": 0.35, "replay": 0.10}
 NO_CHAOS = "no-chaos"
+# Where Keystone injects each context attack: `indirect_injection` into the tool answers the
+# tool proxy relays, the others into the conversation the LLM gateway forwards to the model.
+TOOL_ANSWER_ATTACKS = frozenset({"indirect_injection"})
+CONVERSATION_ATTACKS = frozenset(
+    {"memory_poisoning", "overflow", "conflicting_context", "injection_via_context"}
+)
 
 
 @dataclass(slots=True)
@@ -83,12 +89,15 @@ class Scenario:
         and "gateway" (the LLM gateway: LLM faults, and the attacks that rewrite the
         conversation it forwards). A channel with no fault is left out."""
         attacks = {str(a.get("type", "")) for a in self.context_attacks if isinstance(a, dict)}
-        in_conversation = sorted(attacks - {"indirect_injection"})
+        in_tool_answers = sorted(attacks & TOOL_ANSWER_ATTACKS)
+        in_conversation = sorted(attacks - TOOL_ANSWER_ATTACKS)
         channels: dict[str, list[str]] = {}
         if self.tool_faults:
             channels.setdefault("proxy", []).append("tool_faults")
-        if "indirect_injection" in attacks:
-            channels.setdefault("proxy", []).append("context_attacks (indirect_injection)")
+        if in_tool_answers:
+            channels.setdefault("proxy", []).append(
+                f"context_attacks ({', '.join(in_tool_answers)})"
+            )
         if self.llm_faults:
             channels.setdefault("gateway", []).append("llm_faults")
         if in_conversation:

@@ -15,6 +15,7 @@ from typing import Any
 
 from checks.json_schema import format_checker, jsonschema
 from checks.spec.errors import format_path
+from checks.spec.model import CONVERSATION_ATTACKS, TOOL_ANSWER_ATTACKS
 from checks.spec.schema import Problem, suggestion
 
 DATABASE_KINDS = ("postgres", "mysql", "sqlite")
@@ -526,14 +527,6 @@ def _chaos_rules(data: dict[str, Any]) -> Iterator[Problem]:
         )
 
 
-# The context attacks the gateway applies to the conversation (harness._conversation_attacks);
-# `indirect_injection` goes into tool answers, in the tool proxy.
-CONVERSATION_ATTACKS = (
-    "memory_poisoning",
-    "overflow",
-    "conflicting_context",
-    "injection_via_context",
-)
 _GATEWAY_HINT = (
     "add `llm` (the agent's model endpoint, which the agent then reaches through the gateway"
     " at `$OPENAI_BASE_URL`)"
@@ -594,7 +587,7 @@ def _fault_reach_rules(data: dict[str, Any]) -> Iterator[Problem]:
         for attack_index, attack in enumerate(_list(scenario.get("context_attacks"))):
             kind = _dict(attack).get("type")
             where = (*path, "context_attacks", attack_index, "type")
-            if kind == "indirect_injection" and not proxy:
+            if kind in TOOL_ANSWER_ATTACKS and not proxy:
                 yield Problem(
                     where,
                     "nothing goes through the tool proxy, so this indirect_injection attack"
@@ -622,7 +615,7 @@ def _profile_reach(
     if profile is None:
         return
     attacks = [_dict(a).get("type") for a in _list(profile.get("context_attacks"))]
-    tool_side = bool(profile.get("tool_faults")) or "indirect_injection" in attacks
+    tool_side = bool(profile.get("tool_faults")) or any(a in TOOL_ANSWER_ATTACKS for a in attacks)
     llm_side = bool(profile.get("llm_faults")) or any(a in CONVERSATION_ATTACKS for a in attacks)
     if (tool_side and proxy) or (llm_side and gateway):
         return

@@ -29,14 +29,6 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-CONTEXT_ATTACK_TYPES = (
-    "indirect_injection",
-    "memory_poisoning",
-    "overflow",
-    "conflicting_context",
-    "injection_via_context",
-)
-MESSAGE_ATTACK_TYPES = frozenset(CONTEXT_ATTACK_TYPES) - {"indirect_injection"}
 MEMORY_STRATEGIES = ("prepend", "append", "replace")
 DEFAULT_OVERFLOW_TOKENS = 4000
 

@@ -24,7 +24,7 @@ from checks.forbidden import evaluate_forbidden
 from checks.planning import PlannedExecution
 from checks.redaction import redact, redact_artifact, redact_results, usable_secrets
 from checks.results import PROVIDER_CODES, CheckResult
-from checks.spec.model import Scenario, Spec
+from checks.spec.model import CONVERSATION_ATTACKS, Scenario, Spec
 from evaluations.runner import cgroups
 from evaluations.runner import workspace as ws
 from evaluations.runner.agent_start import ensure_started
@@ -445,7 +445,7 @@ def _tool_call(record: dict[str, Any]) -> ToolCall:
 def _conversation_attacks(attacks: list[dict[str, Any]], seed: int) -> list[Any]:
     """Context attacks on the conversation are applied where the model reads it: the gateway.
     `indirect_injection` goes into tool results instead, in the tool proxy."""
-    conversational = [a for a in attacks if a.get("type") != "indirect_injection"]
+    conversational = [a for a in attacks if a.get("type") in CONVERSATION_ATTACKS]
     if not conversational:
         return []
 

@@ -539,3 +539,14 @@ def test_a_cost_gate_needs_the_gateway() -> None:
     [message] = messages(text)
     assert message.startswith("gates.cost_max_usd: nothing records this agent's cost")
     assert messages(text + LLM) == []
+
+
+def test_every_context_attack_type_has_one_channel() -> None:
+    """Each attack type the schema accepts is injected in exactly one place, the tool proxy
+    or the gateway: one the rules forgot would be accepted and never fire, unwarned."""
+    from checks.spec.model import CONVERSATION_ATTACKS, TOOL_ANSWER_ATTACKS
+    from checks.spec.schema import spec_schema
+
+    accepted = spec_schema()["$defs"]["context_attack"]["properties"]["type"]["enum"]
+    assert not TOOL_ANSWER_ATTACKS & CONVERSATION_ATTACKS
+    assert set(accepted) == TOOL_ANSWER_ATTACKS | CONVERSATION_ATTACKS
