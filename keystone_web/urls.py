@@ -7,6 +7,8 @@ from django.urls import include, path
 
 from keystone_web.api import api
 
+admin.autodiscover()  # the apps' admin.py (settings: SimpleAdminConfig)
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),

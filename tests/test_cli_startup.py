@@ -69,8 +69,8 @@ def test_django_setup_imports_neither_ninja_nor_pydantic(tmp_path: Path) -> None
 # Imported by neither `keystone validate` nor a local `keystone run` of a spec without a
 # model, tools or a judge: Celery (no broker: the queue runs the jobs itself), the pages'
 # selectors, the libraries of jsonschema's format checks when no schema check runs
-# (checks/json_schema.py), the parts of an execution such a spec does not have, and the
-# alerts (a project without alert rules has nothing to evaluate).
+# (checks/json_schema.py), the parts of an execution such a spec does not have, the alerts
+# (a project without alert rules has nothing to evaluate) and the admin's registrations.
 SPEC_PARTS = (
     "evaluations.runner.gateway",
     "evaluations.runner.toolproxy",
@@ -89,6 +89,7 @@ NOT_AT_START_UP = (
     "evaluations.services.digest",
     "evaluations.services.alerts",
     "evaluations.selectors.alerts",
+    "evaluations.admin",  # the admin's registrations: keystone_web/urls.py imports them
     *FORMAT_LIBRARIES,
     *SPEC_PARTS,
 )

@@ -550,3 +550,14 @@ def test_every_context_attack_type_has_one_channel() -> None:
     accepted = spec_schema()["$defs"]["context_attack"]["properties"]["type"]["enum"]
     assert not TOOL_ANSWER_ATTACKS & CONVERSATION_ATTACKS
     assert set(accepted) == TOOL_ANSWER_ATTACKS | CONVERSATION_ATTACKS
+
+
+def test_the_split_validators_leave_the_published_schema_whole() -> None:
+    """_validators drops the check dispatch (allOf) from its own copy of the path it
+    changes, not from the schema spec_schema and compiled_validator publish."""
+    from checks.spec.schema import _validators, compiled_validator, spec_schema
+
+    split = _validators()
+    assert "allOf" not in split.document.schema["$defs"]["check"]
+    assert spec_schema()["$defs"]["check"]["allOf"]
+    assert compiled_validator().schema["$defs"]["check"]["allOf"]
