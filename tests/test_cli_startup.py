@@ -276,3 +276,24 @@ def test_a_web_server_loads_every_view_and_freezes_them_before_its_first_request
     views_loaded, frozen = _json_printed_by(code, embedded_env(tmp_path / "home"), timeout=60)
     assert views_loaded is True
     assert frozen > 10_000
+
+
+@pytest.mark.parametrize(
+    ("spec", "proxy"),
+    [
+        ({"agent": {"type": "command"}}, False),
+        ({"agent": {"type": "python"}}, False),  # no tools: nothing to wrap
+        ({"agent": {"type": "python", "tools": ["m:f"]}}, True),
+        ({"agent": {"type": "python", "tool_registry": "m:TOOLS"}}, True),
+        ({"agent": {"type": "command"}, "tools": [{"name": "t"}]}, True),
+        ({"agent": {"type": "command"}, "replay": {"sessions": []}}, True),
+    ],
+)
+def test_a_forking_run_imports_the_tool_proxy_exactly_where_an_execution_starts_it(
+    spec: dict[str, Any], proxy: bool
+) -> None:
+    """execution_modules_import asks the harness's own rule (tool_proxy_wanted), which
+    _world starts the proxy by: a replaying execution of a spec with replay sessions."""
+    from evaluations.runner.harness import tool_proxy_wanted
+
+    assert tool_proxy_wanted(spec, replaying=bool(spec.get("replay"))) is proxy

@@ -285,6 +285,23 @@ def run_execution(
     return ExecutionOutcome(artifact, results, violations, warnings, agent_cpu_ms, workspace)
 
 
+def gateway_wanted(spec_raw: Mapping[str, Any]) -> bool:
+    """Whether an execution of this spec starts the LLM gateway: the spec has `llm`."""
+    return bool(spec_raw.get("llm"))
+
+
+def tool_proxy_wanted(spec_raw: Mapping[str, Any], *, replaying: bool) -> bool:
+    """Whether an execution of this spec starts the tool proxy: the spec has `tools`, its
+    python agent has tools (their callables are wrapped through the proxy even with no
+    fault, so every call is in the trace), or the execution replays a session (the proxy
+    serves its recorded answers)."""
+    agent = spec_raw.get("agent") or {}
+    python_tools = agent.get("type") == "python" and (
+        agent.get("tools") or agent.get("tool_registry")
+    )
+    return bool(spec_raw.get("tools") or python_tools or replaying)
+
+
 @contextlib.contextmanager
 def _world(
     spec: Spec,
@@ -308,7 +325,7 @@ def _world(
             )
         )
         gateway = None
-        if spec.raw.get("llm"):
+        if gateway_wanted(spec.raw):
             from evaluations.runner.gateway import Gateway
 
             gateway = stack.enter_context(
@@ -322,13 +339,7 @@ def _world(
             )
         proxy = None
         replay = (planned.replay_session or {}).get("tool_responses")
-        agent = spec.agent
-        python_tools = agent.get("type") == "python" and (
-            agent.get("tools") or agent.get("tool_registry")
-        )
-        # Python agents' tool callables are wrapped through the proxy even with no fault, so
-        # every tool call is in the trace; a replay serves its recorded answers from it.
-        if spec.raw.get("tools") or python_tools or replay is not None:
+        if tool_proxy_wanted(spec.raw, replaying=replay is not None):
             from evaluations.runner.toolproxy import ToolProxy
 
             service_urls = {

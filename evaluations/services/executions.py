@@ -187,15 +187,14 @@ def execution_modules_import(spec: EngineSpec | None = None) -> None:
     any spec's when None). A process about to fork executing processes (`keystone run`, a
     Celery worker before its pool) calls it once, so they share those modules' pages
     instead of each importing its own copy."""
-    import evaluations.runner.harness  # noqa: F401
     from evaluations.judge import spec_uses_judge
+    from evaluations.runner.harness import gateway_wanted, tool_proxy_wanted
 
     # What the harness, the judge and finalizing import only for a spec that has the part.
     raw = spec.raw if spec is not None else None
-    if raw is None or raw.get("llm"):
+    if raw is None or gateway_wanted(raw):
         import evaluations.runner.gateway  # noqa: F401
-    python = (raw or {}).get("agent", {}).get("type") == "python"
-    if raw is None or raw.get("tools") or raw.get("replay") or python:
+    if raw is None or tool_proxy_wanted(raw, replaying=bool(raw.get("replay"))):
         import evaluations.runner.toolproxy  # noqa: F401
     if raw is None or spec_uses_judge(raw):
         import checks.judge_client  # noqa: F401
