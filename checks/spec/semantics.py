@@ -586,11 +586,13 @@ def _fault_reach_rules(data: dict[str, Any]) -> Iterator[Problem]:
             )
         for attack_index, attack in enumerate(_list(scenario.get("context_attacks"))):
             kind = _dict(attack).get("type")
+            if not isinstance(kind, str):
+                continue  # not a name (a list, say): the schema's error says so
             where = (*path, "context_attacks", attack_index, "type")
             if kind in TOOL_ANSWER_ATTACKS and not proxy:
                 yield Problem(
                     where,
-                    "nothing goes through the tool proxy, so this indirect_injection attack"
+                    f"nothing goes through the tool proxy, so this {kind} attack"
                     " never fires: Keystone writes it into the tool answers the proxy relays; "
                     + _no_proxy(agent_type),
                 )

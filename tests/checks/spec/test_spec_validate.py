@@ -561,3 +561,12 @@ def test_the_split_validators_leave_the_published_schema_whole() -> None:
     assert "allOf" not in split.document.schema["$defs"]["check"]
     assert spec_schema()["$defs"]["check"]["allOf"]
     assert compiled_validator().schema["$defs"]["check"]["allOf"]
+
+
+def test_an_attack_type_that_is_not_a_name_gets_the_schema_s_error() -> None:
+    """A list where the attack's type goes reached the reach rules' set lookup, which raised
+    (an internal error instead of the mistake, found by the property test)."""
+    text = VALID + "chaos_matrix:\n  - {name: odd, context_attacks: [{type: [overflow]}]}\n"
+    [message] = messages(text)
+    assert message.startswith("chaos_matrix[0].context_attacks[0].type")
+    assert "internal error" not in message
