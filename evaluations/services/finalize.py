@@ -15,6 +15,7 @@ from checks.scoring import score_execution, score_run
 from checks.spec.model import Spec as EngineSpec
 from evaluations import queue
 from evaluations.models import (
+    AlertEvaluation,
     AlertRule,
     Baseline,
     BaselineCell,
@@ -71,9 +72,12 @@ def run_finalize(*, run_id: int) -> Run:
 
         review_items_select(run_id=run.pk)
     if AlertRule.objects.filter(project_id=run.project_id, enabled=True).exists():
-        # A project without rules has nothing to evaluate: no task is sent, and a
-        # `keystone run` need not import the alerts.
         queue.alerts_evaluate_later(run.pk)
+    else:
+        # Nothing to evaluate: no task to send (nor, in `keystone run`, the alerts to import).
+        # Recorded as evaluated, as the task would have, so the sweep never evaluates this
+        # run later against a rule made or enabled since.
+        AlertEvaluation.objects.get_or_create(run=run)
     return run
 
 

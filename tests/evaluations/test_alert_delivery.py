@@ -10,15 +10,25 @@ import hmac
 import json
 import socket
 from collections.abc import Iterator
+from datetime import timedelta
 from email import message_from_bytes, policy
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core import mail
+from django.utils import timezone
 
 from evaluations import services
-from evaluations.models import AlertFiring, AlertRule, ChannelKind, FiringStatus, Project
+from evaluations.models import (
+    AlertEvaluation,
+    AlertFiring,
+    AlertRule,
+    ChannelKind,
+    FiringStatus,
+    Project,
+    Run,
+)
 from tests.evaluations.alert_history import NOW, finished_run, spec_in
 from tests.evaluations.execution_helpers import run_spec
 from tests.http_peer import HttpPeer, PeerHandler
@@ -375,7 +385,7 @@ def test_a_finalised_run_sends_the_alerts_task_only_when_its_project_has_an_enab
         queue, "alerts_evaluate_later", lambda run_id: (sent.append(run_id), evaluate_later(run_id))
     )
     project = Project.objects.create(name="Alerts", slug="alerts")
-    run_spec(project, FAILING_SPEC, spec_dir=tmp_path)
+    earlier = [run_spec(project, FAILING_SPEC, spec_dir=tmp_path).pk]
     channel = services.alert_channel_create(
         project=project, name="hook", kind="webhook", target=receiver.url, secret=SECRET
     )
@@ -383,9 +393,15 @@ def test_a_finalised_run_sends_the_alerts_task_only_when_its_project_has_an_enab
         project=project, name="broken", condition="pass_rate < 1", channel_ids=[channel.pk]
     )
     AlertRule.objects.filter(pk=rule.pk).update(enabled=False)
-    run_spec(project, FAILING_SPEC, spec_dir=tmp_path)
+    earlier.append(run_spec(project, FAILING_SPEC, spec_dir=tmp_path).pk)
     assert sent == [] and receiver.requests == []
     AlertRule.objects.filter(pk=rule.pk).update(enabled=True)
     run = run_spec(project, FAILING_SPEC, spec_dir=tmp_path)
     assert sent == [run.pk]
     assert [p["run"]["id"] for p in receiver.payloads()] == [run.pk]
+    # The earlier runs count as evaluated (there was nothing to evaluate): the sweep for lost
+    # messages does not evaluate them now against the rule enabled since.
+    Run.objects.filter(pk__in=earlier).update(finished=timezone.now() - timedelta(hours=1))
+    services.firings_send_stale()
+    assert sent == [run.pk] and len(receiver.requests) == 1
+    assert AlertEvaluation.objects.filter(run_id__in=earlier).count() == 2
