@@ -289,7 +289,7 @@ def test_a_web_server_loads_every_view_and_freezes_them_before_its_first_request
         ({"agent": {"type": "command"}, "replay": {"sessions": []}}, True),
     ],
 )
-def test_a_forking_run_imports_the_tool_proxy_exactly_where_an_execution_starts_it(
+def test_the_pre_fork_import_and_an_execution_share_one_tool_proxy_rule(
     spec: dict[str, Any], proxy: bool
 ) -> None:
     """execution_modules_import asks the harness's own rule (tool_proxy_wanted), which

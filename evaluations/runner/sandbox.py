@@ -719,6 +719,10 @@ class _ExitWatch:
 SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"  # util-linux, like prlimit
 
 
+# The local backend's TMPDIR, in the workspace (bwrap and docker have a private /tmp).
+_LOCAL_TMP = ".keystone/tmp"
+
+
 class LocalSandbox(_ProcessSandbox):
     """No isolation beyond a process group and session, rlimits, a clean environment and,
     when the worker is root, a user of the execution's own: a uid of KEYSTONE_LOCAL_UIDS
@@ -737,8 +741,8 @@ class LocalSandbox(_ProcessSandbox):
     def _environment(self, env: dict[str, str], workspace_in_sandbox: str) -> dict[str, str]:
         # Without a mount namespace there is no private /tmp: temporary files go in the
         # workspace, removed with it and out of other executions' reach, not in the host's
-        # /tmp (a TMPDIR the spec sets still wins).
-        tmp = {"TMPDIR": f"{workspace_in_sandbox}/.keystone/tmp"}
+        # /tmp (a TMPDIR the spec sets still wins). _start makes the directory.
+        tmp = {"TMPDIR": f"{workspace_in_sandbox}/{_LOCAL_TMP}"}
         return {**tmp, **super()._environment(env, workspace_in_sandbox)}
 
     def _runs_as_own_uid(self, workspace: Path) -> bool:
@@ -796,6 +800,7 @@ class LocalSandbox(_ProcessSandbox):
     def _start(
         self, request: _RunRequest, egress: EgressRelay | None, group: CommandCgroup
     ) -> ProcessResult:
+        (request.workspace / _LOCAL_TMP).mkdir(exist_ok=True)  # its TMPDIR (_environment)
         if self._runs_as_own_uid(request.workspace):
             try:
                 lease = self._hold_uid()
@@ -837,9 +842,7 @@ def _cpu_limit(timeout: float, cpus: float | None) -> int:
 
 
 def _ensure_home(workspace: Path) -> None:
-    """The agent's HOME, and the local backend's TMPDIR, inside its workspace."""
     (workspace / ".keystone" / "home").mkdir(parents=True, exist_ok=True)
-    (workspace / ".keystone" / "tmp").mkdir(exist_ok=True)
 
 
 # --------------------------------------------------------------------------- bubblewrap
