@@ -19,6 +19,9 @@ class Check:
     type: ClassVar[str]
     aliases: ClassVar[tuple[str, ...]] = ()
     needs_service: ClassVar[bool] = False
+    # Whether the check reads the workspace's files (or runs what does): an execution
+    # writes its audit log and trace there (.keystone/) only for such checks.
+    reads_workspace: ClassVar[bool] = False
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config

@@ -77,6 +77,7 @@ def parse_script_output(stdout: str) -> dict[str, Any]:
 
 class CustomCheck(Check):
     type = "custom"
+    reads_workspace = True
 
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:

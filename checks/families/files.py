@@ -38,7 +38,11 @@ def _kind(path: Path) -> str:
     return "special file"
 
 
-class FileExistsCheck(Check):
+class _WorkspaceCheck(Check):
+    reads_workspace = True  # a path may name .keystone/audit.jsonl as well as the agent's
+
+
+class FileExistsCheck(_WorkspaceCheck):
     type = "file_exists"
 
     @guarded
@@ -58,7 +62,7 @@ class FileExistsCheck(Check):
         )
 
 
-class FileAbsentCheck(Check):
+class FileAbsentCheck(_WorkspaceCheck):
     type = "file_absent"
 
     @guarded
@@ -75,7 +79,7 @@ class FileAbsentCheck(Check):
         return Outcome.ok(f"nothing at {relative}", path=relative)
 
 
-class PathExistsCheck(Check):
+class PathExistsCheck(_WorkspaceCheck):
     type = "path_exists"
 
     @guarded
@@ -112,7 +116,7 @@ def _content_failures(
     return failures
 
 
-class FileContentCheck(Check):
+class FileContentCheck(_WorkspaceCheck):
     type = "file_content"
 
     @guarded
@@ -149,7 +153,7 @@ class FileContentCheck(Check):
         return Outcome.ok(f"{relative} satisfies every content condition", path=relative)
 
 
-class FileContainsCheck(Check):
+class FileContainsCheck(_WorkspaceCheck):
     type = "file_contains"
 
     @guarded
@@ -179,7 +183,7 @@ def _ends_with(path: str, suffix: str) -> bool:
     return path == suffix or path.endswith("/" + suffix)
 
 
-class WorkspaceFilePresentCheck(Check):
+class WorkspaceFilePresentCheck(_WorkspaceCheck):
     type = "workspace_file_present"
 
     @guarded

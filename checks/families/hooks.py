@@ -56,6 +56,7 @@ def load_hook(config: dict[str, Any], context: CheckContext) -> Callable[..., An
 
 class PythonHookCheck(Check):
     type = "python_hook"
+    reads_workspace = True
 
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:

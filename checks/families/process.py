@@ -34,6 +34,7 @@ def _stream_summary(stdout: str, stderr: str) -> str:
 
 class CommandExitCheck(Check):
     type = "command_exit"
+    reads_workspace = True
 
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:

@@ -3,8 +3,13 @@ stops at it instead of reaching the host) and on the memory of the whole process
 only bound each process), and a way to kill every process the command left behind, even one
 that left its process group.
 
-The command joins its group itself before it execs (a small `sh` prologue writes its own PID
-into `cgroup.procs`), so not one of its children is ever born outside it. cgroup v1: a group
+The command's first shell waits on its standard input for a line, `go`, which the worker
+writes once it has put that shell's PID into the group's `cgroup.procs` (`admit`): not one of
+its children is ever born outside it, and nothing of the agent's runs before. The worker does
+the moving, as root or as the delegated subtree's owner, so the shell may already run as the
+execution's uid (the local backend starts it through `setpriv`: one program fewer to start
+than a root shell that joins, then drops, then starts the command's shell). A shell whose
+worker died before admitting it reads end-of-file and exits 125. cgroup v1: a group
 in the worker's own `pids` and `memory` hierarchies. cgroup v2 (the host has
 /sys/fs/cgroup/cgroup.controllers): a group under the worker's own group, when that subtree
 is delegated to it (writable, with both controllers). Where neither exists (no cgroup file
@@ -26,15 +31,16 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
-# Writes its own PID into every cgroup.procs given before "--", runs what the caller adds
-# (%s), then execs the arguments after "--". No shell variable: the command's environment
-# reaches it as it was given (a loop counter would overwrite an exported one of that name).
-_JOIN_LOOP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
-_JOIN = _JOIN_LOOP + '%s exec "$@"'
-# The same for a shell command, which this shell then runs itself instead of starting a
-# second one: with no positional parameter left, the command sees what `/bin/sh -c COMMAND`
-# would show it (it starts on the script's second line).
-_JOIN_AND_RUN = _JOIN_LOOP + "%strue || exit\n%s"
+# The line `admit` is followed by on the command's standard input.
+GATE_LINE = b"go\n"
+# The first shell's prologue: wait for the gate line (`read` takes one byte at a time from a
+# pipe, so the command's own input, written after it, is left whole), then run what the
+# caller adds (%s, shell commands ending in "&& "). The line is read into `keystone_gate`,
+# unset again, so the command's environment reaches it as it was given.
+_GATE = (
+    'IFS= read -r keystone_gate && [ "$keystone_gate" = go ] || exit 125; '
+    "unset keystone_gate; %strue || exit\n"
+)
 
 
 LIMITED = ("pids", "memory")
@@ -194,21 +200,26 @@ class CommandCgroup:
             raise
         return self
 
-    def wrap(self, argv: list[str], *, then: str = "") -> list[str]:
-        """`argv`, started inside the group by a shell that runs the shell commands `then`
-        once it is in the group, joined to its start of `argv` (`"ulimit -f 8 && "`: a
-        failing command keeps `argv` from starting). It execs `argv`, or runs COMMAND itself
-        when `argv` is `/bin/sh -c COMMAND`."""
-        procs = [str(path / "cgroup.procs") for path in self.paths]
-        if not procs and not then:
+    def wrap(self, argv: list[str], *, then: str = "", in_place: bool = False) -> list[str]:
+        """`argv` behind a shell prologue: once the group has paths, wait for `admit`'s gate
+        line on standard input; then run the shell commands `then` (`"ulimit -f 8 && "`: a
+        failing one keeps the command from starting). `in_place`: every program in `argv`
+        before its closing `/bin/sh -c COMMAND` execs the next in the same process (setpriv),
+        so that shell runs the prologue itself, then COMMAND, on its script's second line
+        (one program fewer to start). Otherwise a shell of its own runs the prologue, then
+        execs `argv` (bwrap forks: its children must be born inside the group)."""
+        if not self.paths and not then:
             return argv
-        if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"]:
-            # One shell started instead of two: a program start is most of the kernel's
-            # work for a short command.
-            script = _JOIN_AND_RUN % (then, argv[2])
-            return ["/bin/sh", "-c", script, "/bin/sh", *procs, "--"]
-        join = _JOIN % then
-        return ["/bin/sh", "-c", join, "keystone-cgroup", *procs, "--", *argv]
+        prologue = (_GATE if self.paths else "%strue || exit\n") % then
+        if in_place and len(argv) >= 3 and argv[-3:-1] == ["/bin/sh", "-c"]:
+            return [*argv[:-1], prologue + argv[-1]]
+        return ["/bin/sh", "-c", prologue + 'exec "$@"', "keystone-sandbox", *argv]
+
+    def admit(self, pid: int) -> None:
+        """Put the process `pid`, a shell waiting in `wrap`'s prologue, in every group; the
+        caller then writes GATE_LINE to its standard input."""
+        for path in self.paths:
+            (path / "cgroup.procs").write_text(str(pid))
 
     @property
     def kills_leftovers(self) -> bool:

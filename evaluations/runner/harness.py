@@ -23,6 +23,7 @@ from checks.engine import evaluate
 from checks.forbidden import evaluate_forbidden
 from checks.planning import PlannedExecution
 from checks.redaction import redact, redact_artifact, redact_results, usable_secrets
+from checks.registry import get_check_class
 from checks.results import PROVIDER_CODES, CheckResult
 from checks.spec.model import CONVERSATION_ATTACKS, Scenario, Spec
 from evaluations.runner import cgroups
@@ -218,15 +219,19 @@ def run_execution(
                 workspace, spec.raw.get("output_artifacts") or []
             )
             warnings.extend(output_warnings)
+            invariants = [spec.invariants[i] for i in planned.invariant_ids]
             audit_log_path: str | None = None
             trace_path: str | None = None
-            try:
-                audit_log_path, trace_path = write_audit(
-                    workspace, artifact, _agent_label(spec.agent)
-                )
-            except OSError as exc:  # the agent put a link where .keystone/ was: refused
-                warnings.append(f"audit and trace files not written: {exc}")
-            invariants = [spec.invariants[i] for i in planned.invariant_ids]
+            # Only for a check that can read them: each file made and removed costs the
+            # kernel more than writing it (ext4 without a journal scans past every inode
+            # deleted in the last seconds to allocate one), at every execution.
+            if any(get_check_class(i.check_type).reads_workspace for i in invariants):
+                try:
+                    audit_log_path, trace_path = write_audit(
+                        workspace, artifact, _agent_label(spec.agent)
+                    )
+                except OSError as exc:  # the agent put a link where .keystone/ was: refused
+                    warnings.append(f"audit and trace files not written: {exc}")
             context = CheckContext(
                 workspace=workspace,
                 spec_dir=config.spec_dir,

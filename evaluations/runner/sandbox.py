@@ -36,7 +36,7 @@ from typing import Any
 from checks import safe_files
 from checks.context import CommandResult, CommandRunner
 from evaluations.runner import local_uids, relay
-from evaluations.runner.cgroups import CommandCgroup
+from evaluations.runner.cgroups import GATE_LINE, CommandCgroup
 from evaluations.runner.egress import EgressRelay, Endpoint, trap_ports
 
 NETWORK_MODES = ("none", "services", "host")
@@ -47,6 +47,8 @@ DEFAULT_MAX_FILE_BYTES = 1024 * 1024 * 1024
 DEFAULT_MAX_PROCESSES = 512
 # What the workspace may hold while a command runs (sandbox.resources.disk_mb).
 DEFAULT_DISK_MB = 2048
+# The agent's HOME (and, on the local backend, its TMPDIR), in the workspace.
+HOME_DIR = ".keystone/home"
 # How long to keep reading a pipe after the process exited (its killed children close it).
 _DRAIN_SECONDS = 2.0
 _READ_CHUNK = 64 * 1024
@@ -257,7 +259,7 @@ class Sandbox(ABC):
         """Only what the caller passes, over minimal defaults; never the server's os.environ."""
         defaults = {
             "PATH": self.default_path(),
-            "HOME": f"{workspace_in_sandbox}/.keystone/home",
+            "HOME": f"{workspace_in_sandbox}/{HOME_DIR}",
             "LANG": "C.UTF-8",
         }
         merged = {**defaults, **{key: str(value) for key, value in env.items()}}
@@ -426,20 +428,30 @@ _DISK_WATCHER = _DiskWatcher()
 
 
 def _limits(cpu_seconds: int | None, memory_mb: int | None, max_file_bytes: int | None) -> str:
-    """The rlimits as `ulimit` commands for the shell that starts the command (the one that
-    joins its cgroups): no preexec function in the worker, so Python can vfork instead of
-    copying the whole worker for every spawn (6.6 ms against 1 ms for a 110 MB worker), and
-    no program of its own to exec for them. The units are /bin/sh's (POSIX mode): seconds,
-    KiB of address space, 512-byte blocks of file size. The CPU time's soft limit goes
-    first (SIGXCPU), then a hard one a second later (SIGKILL)."""
+    """The rlimits as `ulimit` commands for the command's first shell (the one its cgroups
+    admit): no preexec function in the worker, so Python can vfork instead of copying the
+    whole worker for every spawn (6.6 ms against 1 ms for a 110 MB worker), and no program
+    of its own to exec for them. The units are /bin/sh's (POSIX mode): seconds, KiB of
+    address space, 512-byte blocks of file size. The CPU time's soft limit goes first
+    (SIGXCPU), then a hard one a second later (SIGKILL). Never above the worker's own hard
+    limits, which the shell inherits: it may already run as the execution's uid, which can
+    lower a limit but not raise it."""
     limits = ""
     if cpu_seconds is not None:
-        limits += f"ulimit -S -t {cpu_seconds} && ulimit -H -t {cpu_seconds + 1} && "
+        hard = _within_hard_limit(resource.RLIMIT_CPU, cpu_seconds + 1, 1)
+        limits += f"ulimit -S -t {min(cpu_seconds, hard)} && ulimit -H -t {hard} && "
     if memory_mb is not None:
-        limits += f"ulimit -v {memory_mb * 1024} && "
+        limits += f"ulimit -v {_within_hard_limit(resource.RLIMIT_AS, memory_mb * 1024, 1024)} && "
     if max_file_bytes is not None:
-        limits += f"ulimit -f {max(1, max_file_bytes // 512)} && "
+        blocks = max(1, max_file_bytes // 512)
+        limits += f"ulimit -f {_within_hard_limit(resource.RLIMIT_FSIZE, blocks, 512)} && "
     return limits
+
+
+def _within_hard_limit(which: int, value: int, unit: int) -> int:
+    """`value` (in `unit` bytes or seconds), lowered to this process's hard limit `which`."""
+    hard = resource.getrlimit(which)[1]
+    return value if hard == resource.RLIM_INFINITY else min(value, max(1, hard // unit))
 
 
 NOBODY = 65534
@@ -521,6 +533,9 @@ class _ProcessSandbox(Sandbox):
 
     # Whether `network: services` gets a network namespace reaching only `egress`.
     isolates_network = False
+    # Whether argv() execs `/bin/sh -c COMMAND` in the process it starts (no fork on the
+    # way), so that shell can be the one the command's cgroups admit (CommandCgroup.wrap).
+    execs_in_place = False
 
     def _start(
         self, request: _RunRequest, egress: EgressRelay | None, group: CommandCgroup
@@ -539,13 +554,19 @@ class _ProcessSandbox(Sandbox):
         limits = _limits(
             _cpu_limit(request.timeout, request.cpus), request.memory_mb, request.file_size_limit
         )
+        # The command's first shell waits on its input for the gate line (cgroups.py): the
+        # input is a pipe then, given back to /dev/null when the command has none.
+        gated = group.kills_leftovers
+        stdin = (request.stdin or "").encode() if request.stdin is not None or gated else None
+        if gated and request.stdin is None:
+            limits += "exec </dev/null && "
         started = time.perf_counter()
         try:
             process = subprocess.Popen(
-                group.wrap(argv, then=limits),
+                group.wrap(argv, then=limits, in_place=self.execs_in_place),
                 cwd=workspace,
                 env=env,
-                stdin=subprocess.PIPE if request.stdin is not None else subprocess.DEVNULL,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # own process group: the whole tree dies together
@@ -555,13 +576,26 @@ class _ProcessSandbox(Sandbox):
             return ProcessResult(
                 None, "", "", False, 0.0, None, error=f"could not start {argv[0]}: {exc}"
             )
+        if gated:
+            try:
+                group.admit(process.pid)
+            except OSError as exc:  # nothing of the command ran: its shell waits at the gate
+                _kill_group(process.pid)
+                _reap(process.pid)
+                for stream in (process.stdin, process.stdout, process.stderr):
+                    if stream is not None:
+                        stream.close()
+                return ProcessResult(
+                    None, "", "", False, 0.0, None, error=f"could not limit the command: {exc}"
+                )
+            stdin = GATE_LINE + (stdin or b"")
         try:
             with (
                 self.stoppable(lambda: _kill_unreaped(process.pid)),
                 DiskWatch(workspace, request.disk_mb, lambda: _kill_unreaped(process.pid)) as disk,
             ):
                 result = self._communicate(
-                    process, request.stdin, started, request.timeout, request.max_output_bytes
+                    process, stdin, started, request.timeout, request.max_output_bytes
                 )
             result.limit_exceeded = disk.message
             if group.pids_hit_limit():  # said where the agent's own errors are read
@@ -578,7 +612,7 @@ class _ProcessSandbox(Sandbox):
     def _communicate(
         self,
         process: subprocess.Popen[bytes],
-        stdin: str | None,
+        stdin: bytes | None,
         started: float,
         timeout: float,
         max_output_bytes: int,
@@ -588,7 +622,7 @@ class _ProcessSandbox(Sandbox):
         selector = selectors.DefaultSelector()
         selector.register(process.stdout, selectors.EVENT_READ, out)
         selector.register(process.stderr, selectors.EVENT_READ, err)
-        pending_input = memoryview((stdin or "").encode())
+        pending_input = memoryview(stdin or b"")
         if process.stdin is not None:
             os.set_blocking(process.stdin.fileno(), False)
             selector.register(process.stdin, selectors.EVENT_WRITE, "stdin")
@@ -719,10 +753,6 @@ class _ExitWatch:
 SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"  # util-linux, like prlimit
 
 
-# The local backend's TMPDIR, in the workspace (bwrap and docker have a private /tmp).
-_LOCAL_TMP = ".keystone/tmp"
-
-
 class LocalSandbox(_ProcessSandbox):
     """No isolation beyond a process group and session, rlimits, a clean environment and,
     when the worker is root, a user of the execution's own: a uid of KEYSTONE_LOCAL_UIDS
@@ -731,6 +761,7 @@ class LocalSandbox(_ProcessSandbox):
     0700, its own uid's) or read its processes' environment."""
 
     name = "local"
+    execs_in_place = True  # the shell itself, or setpriv, which execs it
 
     def __init__(self, uids: range | None = None) -> None:
         super().__init__()
@@ -741,8 +772,10 @@ class LocalSandbox(_ProcessSandbox):
     def _environment(self, env: dict[str, str], workspace_in_sandbox: str) -> dict[str, str]:
         # Without a mount namespace there is no private /tmp: temporary files go in the
         # workspace, removed with it and out of other executions' reach, not in the host's
-        # /tmp (a TMPDIR the spec sets still wins). _start makes the directory.
-        tmp = {"TMPDIR": f"{workspace_in_sandbox}/{_LOCAL_TMP}"}
+        # /tmp (a TMPDIR the spec sets still wins). In the agent's HOME, which every command
+        # has (_ensure_home), not a directory of their own: one inode fewer to make and
+        # remove per execution (see write_audit's call in the harness for what that costs).
+        tmp = {"TMPDIR": f"{workspace_in_sandbox}/{HOME_DIR}"}
         return {**tmp, **super()._environment(env, workspace_in_sandbox)}
 
     def _runs_as_own_uid(self, workspace: Path) -> bool:
@@ -800,7 +833,6 @@ class LocalSandbox(_ProcessSandbox):
     def _start(
         self, request: _RunRequest, egress: EgressRelay | None, group: CommandCgroup
     ) -> ProcessResult:
-        (request.workspace / _LOCAL_TMP).mkdir(exist_ok=True)  # its TMPDIR (_environment)
         if self._runs_as_own_uid(request.workspace):
             try:
                 lease = self._hold_uid()
@@ -827,10 +859,11 @@ class LocalSandbox(_ProcessSandbox):
         uid = self.uid
         if uid is None or not self._runs_as_own_uid(workspace):
             return shell
-        # setpriv drops to the execution's uid after the cgroup and the rlimits are in place
-        # (they need root), without a preexec function in the worker (Popen's user= would
-        # cost a fork of the whole worker instead of a vfork); no supplementary group, no
-        # capability, no setuid escalation.
+        # setpriv drops to the execution's uid, then execs the shell, which waits for the
+        # worker to put it in the command's cgroups and sets its rlimits before the command
+        # (CommandCgroup.wrap, in place); no preexec function in the worker (Popen's user=
+        # would cost a fork of the whole worker instead of a vfork); no supplementary group,
+        # no capability, no setuid escalation.
         drop = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         drop += ["--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
         return [SETPRIV, *drop, "--", *shell]
@@ -842,7 +875,7 @@ def _cpu_limit(timeout: float, cpus: float | None) -> int:
 
 
 def _ensure_home(workspace: Path) -> None:
-    (workspace / ".keystone" / "home").mkdir(parents=True, exist_ok=True)
+    (workspace / HOME_DIR).mkdir(parents=True, exist_ok=True)
 
 
 # --------------------------------------------------------------------------- bubblewrap

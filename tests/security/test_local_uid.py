@@ -64,7 +64,8 @@ def test_the_workspace_stays_writable_for_the_agent(reachable: Path) -> None:
     )
     assert result.stdout.strip() == "ok", result.stderr
     assert (workspace / "out" / "r.txt").read_text() == "done\n"
-    assert len(list((workspace / ".keystone" / "tmp").iterdir())) == 1  # its TMPDIR
+    # Its TMPDIR is its HOME: the file it wrote there and the one mktemp made.
+    assert len(list((workspace / ".keystone" / "home").iterdir())) == 2
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")

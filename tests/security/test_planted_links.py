@@ -120,9 +120,10 @@ def test_keystone_directory_linked_out_by_the_agent_is_refused(
     tmp_path: Path, victim: Path, backend: str
 ) -> None:
     # The agent swaps .keystone for a link while it runs: Keystone reads and writes nothing
-    # through it, and says so.
+    # through it, and says so (the audit and trace, written for a check that reads files).
     command = f"rm -rf .keystone; ln -s {victim.parent} .keystone; echo hi"
-    outcome = _run(tmp_path, backend, {"type": "command", "command": command}, {})
+    reads = {"gone": {"description": "d", "check": {"type": "file_absent", "path": "out.txt"}}}
+    outcome = _run(tmp_path, backend, {"type": "command", "command": command}, {}, invariants=reads)
     assert victim.read_text() == SECRET
     assert sorted(p.name for p in victim.parent.iterdir()) == ["secret.env"]
     assert outcome.artifact.final_output.strip() == "hi"

@@ -161,9 +161,10 @@ def test_a_link_the_agent_planted_is_replaced_not_followed(tmp_path: Path) -> No
             "task": {"prompt": "p"},
             "agent": {"type": "command", "command": "python agent.py", "timeout": 30},
             "sandbox": {"backend": "local", "workspace": "."},
-            "invariants": {"ok": {"description": "ok", "check": {"type": "output_not_empty"}}},
+            # A check that reads the workspace: the files are written for it.
+            "invariants": {"ok": {"description": "ok", "check": {"type": "file_exists", "path": "agent.py"}}},
         }
-    )
+    )  # fmt: skip
     planned = PlannedExecution(
         scenario="no-chaos", prompt_index=0, prompt="p", replica=0, pillar="contract",
         invariant_ids=["ok"],
@@ -172,7 +173,42 @@ def test_a_link_the_agent_planted_is_replaced_not_followed(tmp_path: Path) -> No
         workspaces_root=tmp_path / "workspaces", spec_dir=spec_dir, keep_workspace=True
     )
     outcome = run_execution(spec, planned, config, execution_key="t-2", seed=0)
+    assert outcome.results[0].passed
     assert victim.read_text() == "SECRET=do-not-touch"
     audit = outcome.workspace / ".keystone" / "audit.jsonl"
     assert not audit.is_symlink()
     assert json.loads(audit.read_text().splitlines()[0])["type"] == "command"
+
+
+def test_the_files_are_written_only_where_a_check_can_read_them(tmp_path: Path) -> None:
+    """Checks on the output alone never read the workspace: no audit log or trace is made
+    (each file made and removed costs every execution kernel time); a check that reads the
+    workspace gets both."""
+    spec_dir = tmp_path / "spec"
+    spec_dir.mkdir()
+    output_only = {"type": "output_not_empty"}
+    reads = {"type": "command_exit", "command": "test -s .keystone/audit.jsonl"}
+    written = {}
+    for name, check in (("output", output_only), ("reads", reads)):
+        spec = Spec.from_dict(
+            {
+                "version": 1,
+                "id": "audit-when",
+                "task": {"prompt": "p"},
+                "agent": {"type": "command", "command": "echo hi", "timeout": 30},
+                "sandbox": {"backend": "local"},
+                "invariants": {"it": {"description": "it", "check": check}},
+            }
+        )
+        planned = PlannedExecution(
+            scenario="no-chaos", prompt_index=0, prompt="p", replica=0, pillar="contract",
+            invariant_ids=["it"],
+        )  # fmt: skip
+        config = HarnessConfig(
+            workspaces_root=tmp_path / name, spec_dir=spec_dir, keep_workspace=True
+        )
+        outcome = run_execution(spec, planned, config, execution_key=f"t-{name}", seed=0)
+        assert outcome.results[0].passed, outcome.results[0].message
+        own = outcome.workspace / ".keystone"
+        written[name] = sorted(p.name for p in own.iterdir() if p.name.endswith(".jsonl"))
+    assert written == {"output": [], "reads": ["audit.jsonl", "trace.jsonl"]}

@@ -1,7 +1,8 @@
 """cgroups.py's choice of hierarchy and the files it writes, against temporary directories laid
 out like cgroup v1 and v2 hierarchies. This machine has cgroup v1, so the v2 path cannot be
 exercised against the kernel here (docs/security.md says so); what can be checked without
-it is which group the worker uses, what it writes there, and that a command joins it."""
+it is which group the worker uses, what it writes there, and that a command is admitted to it
+before it runs (tests/security/test_resource_limits.py runs commands in real v1 groups)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evaluations.runner import cgroups
-from evaluations.runner.cgroups import CommandCgroup, find_hierarchies
+from evaluations.runner.cgroups import GATE_LINE, CommandCgroup, find_hierarchies
 
 V2_SELF = "0::/system.slice/keystone-worker.service\n"
 V1_SELF = "9:name=systemd:/\n8:pids:/workers\n4:memory:/workers\n"
@@ -50,9 +51,10 @@ def test_v2_command_group_gets_pids_max_and_memory_max_and_the_command_joins_it(
         assert path.parent == base and path.name.startswith("keystone-")
         assert (path / "pids.max").read_text() == "40"
         assert (path / "memory.max").read_text() == str(256 * 1024 * 1024)
-        done = subprocess.run(group.wrap(["/bin/sh", "-c", "echo $$"]), capture_output=True)
-        # The prologue wrote its PID into the group, then exec'd the command (same PID).
-        assert (path / "cgroup.procs").read_text().strip() == done.stdout.decode().strip()
+        out, _, pid = _run_admitted(group, group.wrap(["/bin/sh", "-c", "echo $$"]))
+        # The worker wrote the waiting shell's PID into the group (_run_admitted checks it),
+        # and the command runs in that process.
+        assert out.strip() == str(pid)
         # The command has exited: a real group would now be empty. Emptied here too, or the
         # group's exit would signal whatever process reuses that PID.
         (path / "cgroup.procs").write_text("")
@@ -140,47 +142,87 @@ def _v1_groups(root: Path) -> tuple[cgroups._Hierarchy, ...]:
     return found
 
 
-def test_the_shell_that_joins_the_groups_runs_a_shell_command_itself(tmp_path: Path) -> None:
-    """One program started instead of two (`sh` joins, then execs `sh -c COMMAND`), and the
-    command sees what `/bin/sh -c COMMAND` shows it: $0, no positional parameter, its
-    environment as given (the joining loop once counted in `n`, overwriting an exported
-    `n`), its own exit code."""
-    command = 'echo "$0|$#|${n-unset}|$$"; tr "\\0" " " < /proc/$$/cmdline; exit 7'
+def _run_admitted(
+    group: CommandCgroup,
+    argv: list[str],
+    *,
+    stdin: bytes = b"",
+    gate: bool = True,
+    env: dict[str, str] | None = None,
+) -> tuple[str, int, int]:
+    """Start `argv` as the sandbox does: admitted to the group, then the gate line (unless
+    `gate` is False: a worker that died first) and `stdin`. (stdout, exit code, pid); every
+    group's cgroup.procs is checked to hold that pid."""
+    process = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    group.admit(process.pid)
+    out, err = process.communicate((GATE_LINE if gate else b"") + stdin, timeout=10)
+    for path in group.paths:
+        assert (path / "cgroup.procs").read_text() == str(process.pid)
+        (path / "cgroup.procs").write_text("")  # not a real group: nothing to kill at exit
+    return out.decode(), process.returncode, process.pid
+
+
+def test_a_shell_command_runs_in_the_admitted_shell_itself(tmp_path: Path) -> None:
+    """In place: the shell the worker admitted runs the prologue, then the command (no second
+    shell), and the command sees what `/bin/sh -c COMMAND` shows it: $0, no positional
+    parameter, its environment as given (the gate's variable is gone), its own exit code."""
+    command = 'echo "$0|$#|${n-unset}|${keystone_gate-unset}|$$"; exit 7'
     with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
-        done = subprocess.run(
-            group.wrap(["/bin/sh", "-c", command], then="ulimit -f 8 && "),
-            capture_output=True,
-            text=True,
-            env={**os.environ, "n": "5"},
-        )
-        shown, cmdline = done.stdout.split("\n", 1)
-        assert done.returncode == 7, done.stderr
-        assert shown.split("|")[:3] == ["/bin/sh", "0", "5"]
-        for path in group.paths:  # the shell that printed was the one that joined
-            assert (path / "cgroup.procs").read_text().strip() == shown.split("|")[3]
-            (path / "cgroup.procs").write_text("")  # not a real group: nothing to kill
-        assert "cgroup.procs" in cmdline  # the joining shell's own command line
+        argv = group.wrap(["/bin/sh", "-c", command], then="ulimit -f 8 && ", in_place=True)
+        out, code, pid = _run_admitted(group, argv, env={**os.environ, "n": "5"})
+    assert code == 7
+    assert out.strip().split("|") == ["/bin/sh", "0", "5", "unset", str(pid)]
+
+
+def test_a_program_that_execs_the_shell_in_place_keeps_its_argv_before_it(tmp_path: Path) -> None:
+    # As setpriv: the prologue goes to the closing shell, after the programs that exec it.
+    with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
+        argv = group.wrap(["/usr/bin/env", "/bin/sh", "-c", "echo $$"], in_place=True)
+        assert argv[:3] == ["/usr/bin/env", "/bin/sh", "-c"] and len(argv) == 4
+        out, code, pid = _run_admitted(group, argv)
+    assert code == 0 and out.strip() == str(pid)
+
+
+def test_nothing_runs_before_the_gate_line(tmp_path: Path) -> None:
+    """A worker that died between starting the command and admitting it closes the pipe:
+    the shell reads end-of-file and exits 125, the command never starts."""
+    marker = tmp_path / "ran"
+    with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
+        for in_place in (True, False):
+            argv = group.wrap(["/bin/sh", "-c", f"touch {marker}"], in_place=in_place)
+            _, code, _ = _run_admitted(group, argv, gate=False)
+            assert code == 125 and not marker.exists()
+
+
+def test_the_commands_input_follows_the_gate_line_whole(tmp_path: Path) -> None:
+    data = b"first line\nsecond\x00line\n" + b"x" * 100_000  # more than one pipe write
+    with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
+        for in_place in (True, False):
+            argv = group.wrap(["/bin/sh", "-c", "od -An -c | md5sum"], in_place=in_place)
+            out, code, _ = _run_admitted(group, argv, stdin=data)
+            expected = subprocess.run(
+                ["/bin/sh", "-c", "od -An -c | md5sum"], input=data, capture_output=True
+            ).stdout.decode()
+            assert code == 0 and out == expected
 
 
 def test_a_failing_shell_step_keeps_the_command_from_starting(tmp_path: Path) -> None:
     with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
-        done = subprocess.run(
-            group.wrap(["/bin/sh", "-c", "echo started"], then="ulimit -f nonsense && "),
-            capture_output=True,
-            text=True,
-        )
-        for path in group.paths:
-            (path / "cgroup.procs").write_text("")
-    assert done.returncode != 0
-    assert "started" not in done.stdout
+        for in_place in (True, False):
+            argv = group.wrap(
+                ["/bin/sh", "-c", "echo started"], then="ulimit -f nonsense && ", in_place=in_place
+            )
+            out, code, _ = _run_admitted(group, argv)
+            assert code != 0
+            assert "started" not in out
 
 
-def test_a_program_that_is_not_a_shell_command_is_execd_after_joining(tmp_path: Path) -> None:
+def test_a_program_that_is_not_a_shell_command_is_execd_after_admission(tmp_path: Path) -> None:
     with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
         argv = group.wrap(["/usr/bin/env", "sh", "-c", 'echo "$$ ${n-unset}"'])
-        done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "n": "5"})
-        pid, n = done.stdout.split()
-        for path in group.paths:
-            assert (path / "cgroup.procs").read_text().strip() == pid
-            (path / "cgroup.procs").write_text("")
+        out, _, admitted = _run_admitted(group, argv, env={**os.environ, "n": "5"})
+    pid, n = out.split()
+    assert pid == str(admitted)  # the program the admitted shell exec'd
     assert n == "5"  # the environment reaches the program as it was given

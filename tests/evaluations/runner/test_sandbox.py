@@ -105,7 +105,7 @@ def test_environment_holds_only_what_is_passed(
 def test_temporary_files_stay_out_of_the_host_s_tmp(
     process_sandbox: Sandbox, workspace: Path
 ) -> None:
-    """bwrap gives the agent a private /tmp; the local backend its workspace's .keystone/tmp:
+    """bwrap gives the agent a private /tmp; the local backend its HOME in the workspace:
     either way nothing an agent leaves there outlives its workspace or meets another's."""
     result = process_sandbox.run(
         "mktemp && python3 -c 'import tempfile; print(tempfile.mkstemp()[1])'",
@@ -118,7 +118,7 @@ def test_temporary_files_stay_out_of_the_host_s_tmp(
     for path in made:
         assert path.is_relative_to(workspace) or not path.exists(), path
     if isinstance(process_sandbox, LocalSandbox):
-        assert all(path.parent == workspace / ".keystone" / "tmp" for path in made)
+        assert all(path.parent == workspace / ".keystone" / "home" for path in made)
     given = process_sandbox.run(
         "echo $TMPDIR", workspace=workspace, env={"TMPDIR": "/var/tmp"}, timeout=10
     )
