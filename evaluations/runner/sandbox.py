@@ -481,6 +481,13 @@ def _closed_to_others(path: Path) -> Path | None:
     return None
 
 
+@functools.cache
+def _interpreter_closed_to_others() -> Path | None:
+    """_closed_to_others of Keystone's interpreter, looked up once per process: where it is
+    installed does not change while the process runs, and only a warning depends on it."""
+    return _closed_to_others(Path(sys.executable))
+
+
 def _kill_unreaped(pid: int) -> None:
     """Kill the group of our child `pid` from another thread, unless it was reaped already:
     then its group id may belong to someone else by now."""
@@ -768,6 +775,15 @@ class LocalSandbox(_ProcessSandbox):
         self._uids = uids  # None: the configured range, read when a uid is first needed
         self._lease: local_uids.UidLease | None = None
         self._lease_lock = threading.Lock()
+        # workspace -> the first directory on the way to it that others cannot traverse:
+        # looked up once per execution (a stat of every directory on the way), not at each
+        # of its commands' two questions and the run's warnings.
+        self._closed: dict[Path, Path | None] = {}
+
+    def _closed_to_others(self, workspace: Path) -> Path | None:
+        if workspace not in self._closed:
+            self._closed[workspace] = _closed_to_others(workspace)
+        return self._closed[workspace]
 
     def _environment(self, env: dict[str, str], workspace_in_sandbox: str) -> dict[str, str]:
         # Without a mount namespace there is no private /tmp: temporary files go in the
@@ -782,7 +798,7 @@ class LocalSandbox(_ProcessSandbox):
         # As its own uid wherever another user can reach the workspace (without a mount
         # namespace there is no other way in); elsewhere the run carries a warning
         # (run_warnings).
-        return os.getuid() == 0 and _closed_to_others(workspace) is None
+        return os.getuid() == 0 and self._closed_to_others(workspace) is None
 
     @property
     def uid(self) -> int | None:
@@ -811,7 +827,7 @@ class LocalSandbox(_ProcessSandbox):
                 " it can signal the worker's processes and read every file the worker can"
                 " (use sandbox.backend: bwrap)"
             ]
-        blocked = _closed_to_others(workspace)
+        blocked = self._closed_to_others(workspace)
         if blocked is not None:
             return [
                 "the local backend runs the agent as root, the worker's own user: the "
@@ -819,7 +835,7 @@ class LocalSandbox(_ProcessSandbox):
                 f"{blocked} to reach the workspace (keep KEYSTONE_HOME where other users can "
                 "traverse, or use sandbox.backend: bwrap)"
             ]
-        interpreter = _closed_to_others(Path(sys.executable))
+        interpreter = _interpreter_closed_to_others()
         if interpreter is not None:
             return [
                 "the local backend runs the agent as a uid of the execution's (one of "

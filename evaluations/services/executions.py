@@ -179,9 +179,6 @@ def harness_config(run: Run, spec: Any) -> Any:
     )
 
 
-_EXECUTION_ROW = "SELECT * FROM evaluations_execution WHERE id = %s"
-
-
 def execution_modules_import(spec: EngineSpec | None = None) -> None:
     """Import what execution_execute imports at its first call for `spec`'s executions (for
     any spec's when None). A process about to fork executing processes (`keystone run`, a
@@ -221,9 +218,11 @@ def execution_execute(
 
     if not execution_claim(execution_id=execution_id, worker=worker):
         return None
-    # The row as the ORM would load it, from SQL written once (a fifth of the Python time of
-    # a no-op execution went to compiling this read).
-    execution = Execution.objects.raw(_EXECUTION_ROW, [execution_id])[0]
+    # The row as the ORM would load it, from SQL built once (a fifth of the Python time of
+    # a no-op execution went to compiling this read; a raw query, to resolving its columns).
+    execution = statements.row(Execution, execution_id)
+    if execution is None:  # its run was deleted since the claim: nothing left to run
+        return None
     if run is None or run.pk != execution.run_id:
         run = Run.objects.select_related("spec_version").get(pk=execution.run_id)
     execution.run = run

@@ -1,12 +1,13 @@
-"""The writes every execution makes, their SQL built once.
+"""The reads and writes every execution makes, their SQL built once.
 
-Each execution is claimed, recorded and counted by a handful of UPDATEs and INSERTs. The
-ORM compiles each one again on every call, 0.1-0.5 ms of Python apiece: together about a
-fifth of Keystone's own CPU time per no-op execution, all of it holding the GIL (issue 18).
-`update` and `insert` run the statement the ORM would: the model's table and column names,
-the text cached by its shape, and each value adapted by its field's `pre_save` (inserts) and
-`get_db_prep_save`, as the ORM's compilers do (datetimes for SQLite, JSON for each backend).
-Updates test equality and a fixed SQL condition only; any other write stays with the ORM.
+Each execution is read, claimed, recorded and counted by a handful of SELECTs, UPDATEs and
+INSERTs. The ORM compiles each one again on every call, 0.1-0.5 ms of Python apiece:
+together about a fifth of Keystone's own CPU time per no-op execution, all of it holding the
+GIL (issue 18). `row`, `update` and `insert` run the statement the ORM would: the model's
+table and column names, the text cached by its shape, and each value adapted by its field's
+`pre_save` (inserts) and `get_db_prep_save`, or read back through the converters the ORM's
+compiler applies (datetimes for SQLite, JSON for each backend). Updates test equality and a
+fixed SQL condition only; any other read or write stays with the ORM.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections, router
 from django.db.models import Field, Model
+
+M = TypeVar("M", bound=Model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,46 @@ def update(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
+
+
+def row(model: type[M], pk: Any) -> M | None:
+    """The row of `model` whose primary key is `pk`, as `model.objects.get(pk=pk)` loads it
+    (every concrete field, converted as the ORM's compiler would), or None."""
+    connection = connections[router.db_for_read(model)]
+    sql, columns, attnames = _selection(model, connection.alias)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [pk])
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    values = []
+    for value, (column, converters) in zip(found, columns, strict=True):
+        for converter in converters:
+            value = converter(value, column, connection)
+        values.append(value)
+    return model.from_db(connection.alias, attnames, values)
+
+
+@cache
+def _selection(
+    model: type[Model], alias: str
+) -> tuple[str, tuple[tuple[Any, tuple[Any, ...]], ...], tuple[str, ...]]:
+    """The SELECT of one row by primary key; each column with the converters the compiler
+    applies to it (the backend's, then the field's); the fields' attribute names."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    table = model._meta.db_table
+    fields = model._meta.concrete_fields
+    columns = []
+    for field in fields:
+        column = field.get_col(table)
+        converters = connection.ops.get_db_converters(column)
+        converters += column.get_db_converters(connection)
+        columns.append((column, tuple(converters)))
+    names = ", ".join(quote(field.column) for field in fields)
+    primary = quote(model._meta.pk.column)
+    sql = f"SELECT {names} FROM {quote(table)} WHERE {primary} = %s"
+    return sql, tuple(columns), tuple(field.attname for field in fields)
 
 
 def insert(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:

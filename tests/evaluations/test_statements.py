@@ -1,5 +1,6 @@
-"""The prepared UPDATEs of the per-execution path write what the ORM's own UPDATE writes:
-datetimes, JSON, NULL and increments read back the same, on PostgreSQL and on SQLite."""
+"""The prepared statements of the per-execution path write what the ORM's own UPDATE and
+INSERT write, and read what its SELECT reads: datetimes, JSON, NULL and increments come back
+the same, on PostgreSQL and on SQLite."""
 
 from __future__ import annotations
 
@@ -165,3 +166,26 @@ def test_ignore_conflicts_skips_the_rows_a_unique_constraint_refuses_and_keeps_t
     assert keys == sorted([existing[0].key, existing[1].key, "new-key"])
     kept = run.executions.get(key=existing[0].key)
     assert kept.plan != {"again": True}  # the first row stays as it was
+
+
+def test_a_row_reads_every_field_as_the_orm_loads_it(tmp_path) -> None:
+    run = planned(tmp_path)
+    execution = run.executions.order_by("id").first()
+    Execution.objects.filter(pk=execution.pk).update(
+        status=ExecutionStatus.SUCCESS,
+        finished=datetime(2026, 11, 25, 23, 59, 58, 123456, tzinfo=UTC),
+        tool_sequence=[{"name": "lookup", "arguments": {"q": "é\u2603", "n": [1, 2.5, None]}}],
+        composite=0.25,
+        passed=True,
+        lease_expires=None,
+    )
+    expected = Execution.objects.get(pk=execution.pk)
+    read = statements.row(Execution, execution.pk)
+    assert read is not None and type(read) is Execution
+    fields = Execution._meta.concrete_fields
+    assert {f.attname: getattr(read, f.attname) for f in fields} == {
+        f.attname: getattr(expected, f.attname) for f in fields
+    }
+    assert isinstance(read.plan, dict) and read.finished == expected.finished
+    assert not read._state.adding and read._state.db == "default"  # as loaded, not new
+    assert statements.row(Execution, execution.pk + 1000) is None
