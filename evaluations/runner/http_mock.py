@@ -14,12 +14,12 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
 from checks.artifact import HttpCall
-from evaluations.runner.loopback import ServerThread
+from evaluations.runner.loopback import LoopbackServer, ServerThread
 
 DEFAULT_RESPONSE: dict[str, Any] = {"status": 404, "response": {"error": "no route"}}
 
@@ -117,8 +117,7 @@ class _Log:
             return [dict(entry, headers=dict(entry["headers"])) for entry in self.entries]
 
 
-class _MockServer(ThreadingHTTPServer):
-    daemon_threads = True  # a client that hangs on to a connection must not block shutdown
+class _MockServer(LoopbackServer):
     allow_reuse_address = True
     # socketserver's default backlog of 5 resets connections when an agent fans out requests.
     request_queue_size = 128
@@ -126,7 +125,7 @@ class _MockServer(ThreadingHTTPServer):
     def __init__(self, config: MockConfig, log: _Log) -> None:
         self.config = config
         self.log = log
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that hung up mid-answer (an agent timing out) is not the mock's fault

@@ -17,6 +17,7 @@ import os
 import selectors
 import socketserver
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,24 @@ def _loop_of_a_forked_process() -> None:
 
 
 os.register_at_fork(after_in_child=_loop_of_a_forked_process)
+
+
+class LoopbackServer(ThreadingHTTPServer):
+    """An HTTP server of an execution's, on 127.0.0.1 at a port the kernel picks; each
+    connection is served on a thread of its own, which does not keep the process alive."""
+
+    daemon_threads = True
+
+    def __init__(self, handler_class: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler_class)
+
+    def server_bind(self) -> None:
+        # Not HTTPServer's, which asks the resolver for the address's name (getfqdn: the
+        # name service switch and the hosts file, at every execution's start) to fill in a
+        # name that only CGI reads.
+        socketserver.TCPServer.server_bind(self)
+        host, self.server_port = self.server_address[:2]
+        self.server_name = str(host)
 
 
 class ServerThread:

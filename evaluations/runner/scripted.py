@@ -18,10 +18,10 @@ import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from evaluations.runner.loopback import ServerThread
+from evaluations.runner.loopback import LoopbackServer, ServerThread
 
 # A fixed creation time keeps scripted responses byte-for-byte reproducible.
 SCRIPTED_CREATED = 1_700_000_000
@@ -571,14 +571,12 @@ def _reason(status: int) -> str:
         return "Status"
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _Server(LoopbackServer):
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _RequestHandler)
+        super().__init__(_RequestHandler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hung up (e.g. after its own timeout) is normal here, not an error.

@@ -28,13 +28,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from checks.artifact import LLMCall, ToolCall
 from evaluations.runner.context_attacks import apply_to_tool_result, inject_payload
-from evaluations.runner.loopback import ServerThread
+from evaluations.runner.loopback import LoopbackServer, ServerThread
 
 TOOL_FAULT_MODES = ("error", "timeout", "slow", "malformed", "empty", "malicious_response")
 PROXY_ENV = "KEYSTONE_PROXY_URL"
@@ -132,7 +132,7 @@ class ToolProxy:
         self._records: list[tuple[int, ToolCall]] = []
         self._sequence = 0
         self._closing = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _ToolProxyServer | None = None
         self._thread: ServerThread | None = None
 
     def _resolve_targets(
@@ -167,9 +167,7 @@ class ToolProxy:
         self.stop()
 
     def start(self) -> None:
-        handler = type("_BoundToolProxyHandler", (_ToolProxyHandler,), {"proxy": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
+        self._server = _ToolProxyServer(self)
         self._thread = ServerThread(self._server)
         self._thread.start()
 
@@ -272,9 +270,19 @@ class ToolProxy:
         return random.Random(f"{self.seed}:{tool}:{call_index}:context")
 
 
+class _ToolProxyServer(LoopbackServer):
+    def __init__(self, proxy: ToolProxy) -> None:
+        self.proxy = proxy
+        super().__init__(_ToolProxyHandler)
+
+
 class _ToolProxyHandler(BaseHTTPRequestHandler):
-    proxy: ToolProxy
+    server: _ToolProxyServer
     protocol_version = "HTTP/1.1"
+
+    @property
+    def proxy(self) -> ToolProxy:
+        return self.server.proxy
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         return  # the trace is the log

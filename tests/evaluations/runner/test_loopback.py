@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from evaluations.runner.loopback import ServerThread
+from evaluations.runner.loopback import LoopbackServer, ServerThread
 
 
 class _Hello(BaseHTTPRequestHandler):
@@ -95,3 +95,25 @@ def test_a_server_closed_without_stop_does_not_block_the_next_on_its_descriptor(
         assert a.read() == b"hello"
     thread.stop()
     server.server_close()
+
+
+def test_a_loopback_server_starts_without_asking_the_resolver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HTTPServer looks up its address's name at every start (the name service switch and
+    the hosts file): an execution's servers do not, and still serve."""
+    asked: list[str] = []
+    monkeypatch.setattr(socket, "getfqdn", lambda name="": asked.append(name) or "looked-up")
+    server = LoopbackServer(_Hello)
+    thread = ServerThread(server)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            assert answer.read() == b"hello"
+    finally:
+        thread.stop()
+        server.server_close()
+    assert asked == []
+    assert (server.server_name, server.server_port) == ("127.0.0.1", server.server_address[1])
+    assert server.daemon_threads
