@@ -223,8 +223,8 @@ def run_execution(
             audit_log_path: str | None = None
             trace_path: str | None = None
             # Only for a check that can read them: each file made and removed costs the
-            # kernel more than writing it (ext4 without a journal scans past every inode
-            # deleted in the last seconds to allocate one), at every execution.
+            # kernel more than writing it (ext4 without a journal skips every inode deleted
+            # in the last minute, one by one, to allocate one; docs/performance.md).
             if any(get_check_class(i.check_type).reads_workspace for i in invariants):
                 try:
                     audit_log_path, trace_path = write_audit(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from evaluations.runner import local_uids
 from evaluations.runner.sandbox import NOBODY, LocalSandbox
 
 CANARY = "keystone-worker-only-6c2e"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root: the agent keeps its uid")
@@ -108,3 +110,31 @@ def test_a_worker_that_is_not_root_warns_that_the_agent_shares_its_uid(reachable
     # The agent shares the worker's uid (it can signal it), and the run says so.
     assert "signal-worker=0" in report["stdout"]
     assert any(f"worker's own user (uid {NOBODY})" in w for w in report["warnings"])
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
+def test_rlimits_above_the_workers_own_hard_limits_still_start_the_agent(reachable: Path) -> None:
+    """The agent's shell sets its rlimits after setpriv dropped root, so it cannot raise
+    them: asked for more than the worker's own hard limits (an operator's `ulimit -H`), it
+    gets those limits instead of failing to start."""
+    workspace = reachable / "ws"
+    workspace.mkdir()
+    script = f"""
+import json, resource, sys
+from pathlib import Path
+from evaluations.runner.sandbox import LocalSandbox
+resource.setrlimit(resource.RLIMIT_CPU, (20, 20))
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096 * 512, 4096 * 512))
+sandbox = LocalSandbox()
+result = sandbox.run("id -u; ulimit -H -t; ulimit -f", workspace=Path({str(workspace)!r}),
+                     env={{}}, timeout=60, max_file_bytes=1024 * 1024 * 1024)
+print(json.dumps([sandbox.uid, result.exit_code, result.stdout, result.stderr]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    uid, exit_code, stdout, stderr = json.loads(done.stdout.strip().splitlines()[-1])
+    assert exit_code == 0, stderr
+    ran_as, cpu_hard, file_blocks = stdout.split()
+    assert int(ran_as) == uid != 0  # dropped to the execution's uid before setting them
+    assert (int(cpu_hard), int(file_blocks)) == (20, 4096)
