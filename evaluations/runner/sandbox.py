@@ -583,20 +583,17 @@ class _ProcessSandbox(Sandbox):
             return ProcessResult(
                 None, "", "", False, 0.0, None, error=f"could not start {argv[0]}: {exc}"
             )
-        if gated:
-            try:
-                group.admit(process.pid)
-            except OSError as exc:  # nothing of the command ran: its shell waits at the gate
-                _kill_group(process.pid)
-                _reap(process.pid)
-                for stream in (process.stdin, process.stdout, process.stderr):
-                    if stream is not None:
-                        stream.close()
-                return ProcessResult(
-                    None, "", "", False, 0.0, None, error=f"could not limit the command: {exc}"
-                )
-            stdin = GATE_LINE + (stdin or b"")
         try:
+            if gated:
+                try:
+                    group.admit(process.pid)
+                except OSError as exc:  # nothing of the command ran: it waits at the gate
+                    _kill_group(process.pid)
+                    _reap(process.pid)
+                    return ProcessResult(
+                        None, "", "", False, 0.0, None, error=f"could not limit the command: {exc}"
+                    )
+                stdin = GATE_LINE + (stdin or b"")
             with (
                 self.stoppable(lambda: _kill_unreaped(process.pid)),
                 DiskWatch(workspace, request.disk_mb, lambda: _kill_unreaped(process.pid)) as disk,

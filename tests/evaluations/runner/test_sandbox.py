@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import socket
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluations.runner import cgroups
 from evaluations.runner.egress import Endpoint
 from evaluations.runner.sandbox import (
     LOCAL_FALLBACK_WARNING,
@@ -709,3 +711,21 @@ def test_docker_stop_all_kills_running_containers(
     assert not worker.is_alive()
     assert results[0].exit_code != 0 and not results[0].timed_out
     assert _keystone_containers() == []
+
+
+def test_a_command_its_cgroups_cannot_admit_never_runs(
+    process_sandbox: Sandbox, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker could not put the command's shell in its cgroups (a group removed under
+    it): the shell, waiting at its gate, is killed before it runs anything, and the result
+    says why."""
+    if not cgroups.support()[0]:
+        pytest.skip(f"no cgroups to admit to here: {cgroups.support()[1]}")
+
+    def refuse(self: cgroups.CommandCgroup, pid: int) -> None:
+        raise OSError(errno.ENOENT, "No such file or directory", "cgroup.procs")
+
+    monkeypatch.setattr(cgroups.CommandCgroup, "admit", refuse)
+    result = process_sandbox.run("touch ran", workspace=workspace, env={}, timeout=10)
+    assert result.error is not None and "could not limit the command" in result.error
+    assert not (workspace / "ran").exists()
