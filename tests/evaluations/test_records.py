@@ -1,0 +1,48 @@
+"""A run's results as the engine's records (selectors.records.run_records), which finalising a
+run, the report `keystone run` prints and the compare page read: the rows are read in chunks,
+so a large run's result rows are never all in memory at once (issue 18)."""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from evaluations.models import CheckResult, Project
+from evaluations.selectors.records import run_records, run_records_with_rows
+from tests.evaluations.views.run_data import synthetic_run, synthetic_version
+
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
+
+
+def test_a_runs_result_rows_are_never_all_in_memory_at_once(monkeypatch: Any) -> None:
+    project = Project.objects.create(name="Records", slug="records")
+    run = synthetic_run(synthetic_version(project, replicas=5))
+    per_execution = Counter(
+        CheckResult.objects.filter(run=run).values_list("execution_id", flat=True)
+    )
+    assert len(per_execution) > 10  # enough executions for "all at once" to differ from one's
+
+    alive: set[int] = set()
+    most = 0
+    from_db = CheckResult.from_db.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: Any, db: Any, field_names: Any, values: Any) -> CheckResult:
+        nonlocal most
+        row = from_db(cls, db, field_names, values)
+        alive.add(id(row))
+        weakref.finalize(row, alive.discard, id(row))
+        most = max(most, len(alive))
+        return row
+
+    monkeypatch.setattr(CheckResult, "from_db", classmethod(counted))
+    records = run_records(run)
+
+    # The rows of the execution being read, and the first row of the next one.
+    assert most <= max(per_execution.values()) + 1, (most, sum(per_execution.values()))
+    # The same records as made from every row read at once.
+    monkeypatch.undo()
+    assert records == [record for record, _ in run_records_with_rows(run)]
+    assert sum(len(record.results) for record in records) == sum(per_execution.values())
