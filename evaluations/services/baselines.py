@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 from django.db import transaction
@@ -14,14 +13,13 @@ from evaluations.models import (
     DEFAULT_BASELINE_BRANCH,
     Baseline,
     BaselineCell,
-    CheckResult,
     Execution,
     Role,
     Run,
     RunStatus,
     Spec,
 )
-from evaluations.selectors.records import effective_results
+from evaluations.selectors.records import effective_results, executions_with_rows
 from evaluations.selectors.regressions import compared_verdicts, group_key
 
 #
@@ -130,11 +128,8 @@ def baseline_rollback(*, spec_id: int, branch: str, user: Any) -> Baseline:
 
 def _baseline_cells(baseline: Baseline, run: Run) -> list[BaselineCell]:
     """Every finished execution of the run with its effective check results (two queries)."""
-    results: dict[int, list[CheckResult]] = defaultdict(list)
-    for row in CheckResult.objects.filter(run=run).order_by("id"):
-        results[row.execution_id].append(row)
     cells = []
-    for execution in Execution.objects.filter(run=run).order_by("id"):
+    for execution, rows in executions_with_rows(run):
         cells.append(
             BaselineCell(
                 baseline=baseline,
@@ -154,7 +149,7 @@ def _baseline_cells(baseline: Baseline, run: Run) -> list[BaselineCell]:
                         "score": r.score,
                         "failure_code": r.failure_code,
                     }
-                    for r in effective_results(results.get(execution.pk, []))
+                    for r in effective_results(rows)
                 ],
                 composite=execution.composite,
                 passed=execution.passed,

@@ -40,8 +40,9 @@ def test_a_runs_result_rows_are_never_all_in_memory_at_once(monkeypatch: Any) ->
     monkeypatch.setattr(CheckResult, "from_db", classmethod(counted))
     records = run_records(run)
 
-    # The rows of the execution being read, and the first row of the next one.
-    assert most <= max(per_execution.values()) + 1, (most, sum(per_execution.values()))
+    # At most the rows of the execution being read, of the one before it (the caller's until
+    # the next is handed over) and the first row of the next one: not the run's 90.
+    assert most <= 2 * max(per_execution.values()) + 1, (most, sum(per_execution.values()))
     # The same records as made from every row read at once.
     monkeypatch.undo()
     assert records == [record for record, _ in run_records_with_rows(run)]
