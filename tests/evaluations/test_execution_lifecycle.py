@@ -1,6 +1,7 @@
 """Execution lifecycle details: the requeue beat does not flood the broker, behavior_unchanged
-(baseline: auto) does not depend on the order executions finish in, and cancelling a run
-stops the agent's processes.
+(baseline: auto) does not depend on the order executions finish in, cancelling a run
+stops the agent's processes, and an execution whose run is deleted after its claim runs
+nothing.
 
 Rows are committed (transaction=True): the lease watcher thread and the canceller thread use
 their own database connections. The requeue test sends real messages to a Redis database of
@@ -322,3 +323,36 @@ def _alive(pid: int) -> bool:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         return state != "Z"
     return False
+
+
+def test_an_execution_whose_run_is_deleted_after_its_claim_runs_nothing(
+    project: Project, monkeypatch: Any, tmp_path: Path
+) -> None:
+    """Its row is gone between the claim and the read (the run was deleted): nothing is run
+    and nothing is recorded, instead of an error from a row that is not there."""
+    marker = tmp_path / "ran"
+    run, [execution_id] = planned_run(
+        project,
+        f"""\
+version: 1
+id: deleted-run
+task: {{prompts: ["p"]}}
+agent: {{type: command, command: "touch {marker}"}}
+sandbox: {{backend: local}}
+invariants:
+  completes: {{description: "it ran", check: {{type: completes}}}}
+""",
+    )
+    from evaluations.services import executions
+
+    claim = executions.execution_claim
+
+    def claim_then_delete_the_run(*, execution_id: int, worker: str) -> bool:
+        claimed = claim(execution_id=execution_id, worker=worker)
+        Run.objects.filter(pk=run.pk).delete()
+        return claimed
+
+    monkeypatch.setattr(executions, "execution_claim", claim_then_delete_the_run)
+    assert services.execution_execute(execution_id=execution_id, worker=WORKER) is None
+    assert not marker.exists()
+    assert not Execution.objects.filter(pk=execution_id).exists()
