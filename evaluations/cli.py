@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_SPEC_INVALID, CommandFailed
 from checks.metrics import SUMMARY_METRICS, format_metric
@@ -74,6 +75,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL_ERROR
 
 
+def _number(kind: Callable[[str], Any], accept: Callable[[Any], bool], expected: str) -> Any:
+    """An argparse type: `kind(text)` when `accept` takes it; otherwise the option's usage
+    error says what was expected and what it got (exit 2)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        # NaN fails every comparison, so no range accepts it.
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+COUNT = _number(int, lambda value: value >= 1, "a whole number of at least 1")
+SECONDS = _number(float, lambda value: 0 < value < math.inf, "a number of seconds above 0")
+ALPHA = _number(float, lambda value: 0 < value < 1, "a significance level between 0 and 1")
+KAPPA = _number(float, lambda value: -1 <= value <= 1, "a kappa from -1 to 1")
+PORT = _number(int, lambda value: 1 <= value <= 65535, "a port from 1 to 65535")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keystone", description="Test AI agents against specs: validate, run, score."
@@ -91,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_options(score)
     score.add_argument(
         "--kappa",
-        type=float,
+        type=KAPPA,
         default=None,
         help="judge-human Cohen's kappa (overrides the report's)",
     )
@@ -115,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a spec (in-process without a broker, on the workers with one)"
     )
     run.add_argument("spec", metavar="SPEC")
-    run.add_argument("--replicas", type=int, default=None, help="override the spec's replicas")
+    run.add_argument("--replicas", type=COUNT, default=None, help="override the spec's replicas")
     run.add_argument(
         "--scenario", action="append", metavar="NAME", help="run only this scenario (repeatable)"
     )
@@ -125,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="seed for faults and mutations")
     run.add_argument(
         "--timeout",
-        type=float,
+        type=SECONDS,
         default=None,
         metavar="SECONDS",
         help="on the workers: cancel the run and exit 4 when it has not ended by then "
@@ -133,10 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--jobs",
-        type=int,
+        type=COUNT,
         default=None,
         metavar="N",
-        help="without a broker: run N executions at a time (default: two per CPU core)",
+        help="without a broker: run N executions at a time (default: two per usable CPU core)",
+    )
+    run.add_argument(
+        "--processes",
+        type=COUNT,
+        default=None,
+        metavar="N",
+        help="without a broker: share the jobs out over at most N processes (default: one per "
+        "usable CPU core; 1 keeps the whole run in this process, for the least memory)",
     )
     run.add_argument(
         "--no-judge-cache",
@@ -189,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="baseline|RUN",
         help="the reference (default: baseline)",
     )
-    compare.add_argument("--alpha", type=float, default=0.05, help="significance level (0.05)")
+    compare.add_argument("--alpha", type=ALPHA, default=0.05, help="significance level (0.05)")
     compare.add_argument("--json", metavar="FILE", help="write the verdicts as JSON")
     compare.add_argument("--markdown", metavar="FILE", help="write a Markdown summary")
     compare.set_defaults(handler=_django_command("cmd_compare"))
@@ -250,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="start a worker that executes queued runs")
     worker.add_argument(
         "--concurrency",
-        type=int,
+        type=COUNT,
         default=None,
         help="executions at a time (default: 2 Celery processes; without a broker, two "
         "threads per CPU core)",
@@ -273,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     beat.set_defaults(handler=_django_command("cmd_beat"))
     serve = commands.add_parser("serve", help="start the web app and a worker beside it")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=PORT, default=8000)
     serve.add_argument("--demo", action="store_true", help="load the example specs and a demo user")
     serve.set_defaults(handler=_django_command("cmd_serve"))
     return parser

@@ -202,7 +202,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_SPEC_INVALID
     progress = Progress(sys.stdout)
     if settings.CELERY_TASK_ALWAYS_EAGER:
-        _run_in_process(run.pk, spec, progress, args.jobs or default_jobs())
+        from evaluations.runner.cgroups import usable_cpus
+
+        _run_in_process(
+            run.pk, spec, progress, args.jobs or default_jobs(), args.processes or usable_cpus()
+        )
     else:
         timeout = args.timeout or _default_timeout(run.pk)
         if not _run_on_workers(run.pk, progress, deadline=time.monotonic() + timeout):
@@ -217,9 +221,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def default_jobs() -> int:
-    """Executions at a time in `keystone run` without a broker: two per core, since an
+    """Executions at a time without a broker: two per core this process may use, since an
     execution spends much of its time waiting on its agent."""
-    return 2 * (os.cpu_count() or 1)
+    from evaluations.runner.cgroups import usable_cpus
+
+    return 2 * usable_cpus()
 
 
 def _default_timeout(run_id: int) -> float:
@@ -234,15 +240,19 @@ def _default_timeout(run_id: int) -> float:
     return per_execution * max(1, run.execution_count or len(spec.prompts)) + 300.0
 
 
-def _run_in_process(run_id: int, spec: EngineSpec, progress: Progress, jobs: int) -> None:
+def _run_in_process(
+    run_id: int, spec: EngineSpec, progress: Progress, jobs: int, processes: int
+) -> None:
     """Execute the run's executions on this machine, `jobs` at a time: threads in this
-    process and in one forked process per further core. Threads, because an execution mostly
-    waits on its sandbox's processes and on HTTP; processes, because preparing and recording
-    an execution is Python work that holds its process's GIL (one process kept one core
-    busy). Each thread keeps its own database connection for all the executions it takes
-    (SQLite takes writers one at a time; see settings), and each execution is claimed
-    before it runs, as on the workers, so no two threads ever run the same one. `spec`: the
-    run's spec as cmd_run read it (what the forked processes will need to import)."""
+    process and in up to `processes` - 1 forked ones, one per further core. Threads, because
+    an execution mostly waits on its sandbox's processes and on HTTP; processes, because
+    preparing and recording an execution is Python work that holds its process's GIL (one
+    process kept one core busy), at the cost of a Python of their own each (`--processes 1`
+    keeps the run in this one). Each thread keeps its own database connection for all the
+    executions it takes (SQLite takes writers one at a time; see settings), and each
+    execution is claimed before it runs, as on the workers, so no two threads ever run the
+    same one. `spec`: the run's spec as cmd_run read it (what the forked processes will need
+    to import)."""
     import multiprocessing
 
     from django.db import connections
@@ -252,7 +262,7 @@ def _run_in_process(run_id: int, spec: EngineSpec, progress: Progress, jobs: int
     execution_ids = services.run_plan(run_id=run_id)
     total = len(execution_ids)
     jobs = max(1, min(jobs, total))
-    processes = min(os.cpu_count() or 1, jobs)
+    processes = min(processes, jobs)
     if processes > 1:
         # Imported once before forking (what this run's spec needs): each forked process
         # inherits it instead of importing it again (~0.1 s of CPU each).

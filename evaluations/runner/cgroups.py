@@ -160,6 +160,49 @@ def support() -> tuple[bool, str]:
     return names == set(LIMITED), why
 
 
+def cpu_quota(root: Path, proc_self_cgroup: str) -> float | None:
+    """How many CPUs the control groups of this process may use at most: the smallest quota
+    over period on the way from its own group up to `root`'s (cgroup v2 `cpu.max`, v1
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us` in the `cpu` hierarchy); None when none is
+    set. A container on a v1 host sees its own group at the hierarchy's root, while
+    /proc/self/cgroup names its path on the host: then only that root is read."""
+    unified = (root / "cgroup.controllers").exists()
+    top = root if unified else root / "cpu"
+    own = _own_path(proc_self_cgroup, None if unified else "cpu")
+    group = top / (own or "/").lstrip("/")
+    if not group.is_dir():
+        group = top
+    quotas = []
+    while True:
+        with contextlib.suppress(OSError, ValueError, ZeroDivisionError):
+            if unified:
+                quota, period = (group / "cpu.max").read_text().split()
+            else:
+                quota = (group / "cpu.cfs_quota_us").read_text().strip()
+                period = (group / "cpu.cfs_period_us").read_text().strip()
+            if quota not in ("max", "-1"):
+                quotas.append(int(quota) / int(period))
+        if group == top:
+            return min(quotas, default=None)
+        group = group.parent
+
+
+def usable_cpus() -> int:
+    """The CPUs this process can keep busy: those it may run on (its affinity mask, which a
+    cpuset or `taskset` narrows), no more than its control groups' quota, rounded up (a
+    container given two CPUs on a 64-core host has two, not 64). What pools size to."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    try:
+        proc_self_cgroup = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return cpus
+    quota = cpu_quota(CGROUP_ROOT, proc_self_cgroup)
+    return cpus if quota is None else max(1, min(cpus, math.ceil(quota)))
+
+
 class CommandCgroup:
     """The group of one command: made on enter, limits written; on exit every process still
     in it is killed and the group removed."""

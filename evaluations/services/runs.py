@@ -60,6 +60,8 @@ def run_create(
         earlier = _run_of_key(spec_version.spec.project_id, idempotency_key, request_digest)
         if earlier is not None:
             return earlier
+    if replicas is not None and replicas < 1:
+        raise ValueError(f"replicas: expected a whole number of at least 1, got {replicas}")
     labels = {str(k): str(v) for k, v in (labels or {}).items()}
     _check_label_lengths(labels)
     if scenarios:
@@ -108,7 +110,10 @@ def run_create(
                 idempotency_key=idempotency_key,
                 request_digest=request_digest,
             )
-    except IntegrityError:  # the same key in a request that was a moment quicker
+    except IntegrityError:
+        if not idempotency_key:  # not a race on a key: what refused the row is the error
+            raise
+        # The same key in a request that was a moment quicker.
         earlier = _run_of_key(spec_version.spec.project_id, idempotency_key, request_digest)
         assert earlier is not None
         return earlier

@@ -13,13 +13,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO_ROOT, embedded_env, run_keystone
+from evaluations.runner.cgroups import CGROUP_ROOT, usable_cpus
+from tests.cli_helpers import REPO_ROOT, embedded_env
 from tests.http_peer import HttpPeer, PeerHandler
 
 # The `keystone run` tests run a subprocess on a real SQLite file (the embedded default) in
@@ -43,11 +44,28 @@ invariants:
 """
 
 
-def _run(tmp_path: Path, jobs: int) -> list[tuple[datetime, datetime, int]]:
+def _run(
+    tmp_path: Path,
+    jobs: int,
+    *options: str,
+    processes: int | None = None,
+    prefix: Sequence[str] = (),
+) -> list[tuple[datetime, datetime, int]]:
+    """`keystone run --jobs N` of SPEC (after `prefix`, a command that starts it: in a
+    cgroup, on one CPU), checked to have stored every result once, shared out over
+    `processes` processes (default: one per CPU this test process may use)."""
     home = tmp_path / f"home-{jobs}"
     spec = tmp_path / "jobs.yaml"
     spec.write_text(SPEC)
-    result = run_keystone("run", str(spec), "--jobs", str(jobs), env=embedded_env(home))
+    result = subprocess.run(
+        [*prefix, sys.executable, "-m", "evaluations.cli", "run", str(spec), "--jobs", str(jobs)]
+        + list(options),
+        cwd=REPO_ROOT,
+        env=embedded_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "execution 6/6" in result.stdout
     with sqlite3.connect(home / "keystone.sqlite3") as db:
@@ -57,11 +75,11 @@ def _run(tmp_path: Path, jobs: int) -> list[tuple[datetime, datetime, int]]:
         results = db.execute(
             "SELECT COUNT(*), COUNT(DISTINCT execution_id) FROM evaluations_checkresult"
         ).fetchone()
-        processes = db.execute("SELECT COUNT(DISTINCT claimed_by) FROM evaluations_execution")
-        (claimed_by,) = processes.fetchone()
+        claimed = db.execute("SELECT COUNT(DISTINCT claimed_by) FROM evaluations_execution")
+        (claimed_by,) = claimed.fetchone()
     assert results == (6, 6), "each execution's result is stored exactly once"
     # Threads in this process and in one forked process per further core (`cli:<pid>`).
-    assert claimed_by == min(jobs, os.cpu_count() or 1), claimed_by
+    assert claimed_by == min(jobs, processes or usable_cpus()), claimed_by
     return [(datetime.fromisoformat(s), datetime.fromisoformat(f), a) for s, f, a in rows]
 
 
@@ -79,6 +97,49 @@ def test_jobs_run_executions_at_once_each_exactly_once(tmp_path: Path) -> None:
     one_by_one = _run(tmp_path, jobs=1)
     assert len(one_by_one) == 6
     assert _overlapping(one_by_one) == 0
+
+
+@pytest.mark.embedded
+def test_one_process_runs_every_job_on_its_own_threads(tmp_path: Path) -> None:
+    """`--processes 1`: no forked process (the least memory), the jobs still at once."""
+    at_once = _run(tmp_path, 3, "--processes", "1", processes=1)
+    assert _overlapping(at_once) >= 2
+
+
+@pytest.mark.embedded
+def test_a_run_allowed_one_cpu_forks_no_process(tmp_path: Path) -> None:
+    """Its processes are sized to the CPUs it may run on, not to the host's."""
+    assert (os.cpu_count() or 1) >= 2, "this test needs a host with two CPUs or more"
+    at_once = _run(tmp_path, 3, processes=1, prefix=["taskset", "-c", "0"])
+    assert _overlapping(at_once) >= 2
+
+
+@contextlib.contextmanager
+def _cgroup_of_one_cpu() -> Iterator[Path]:
+    """A control group of this host's whose quota is one CPU (cgroup v2 `cpu.max`, v1
+    `cpu.cfs_quota_us`); its `cgroup.procs` is yielded."""
+    unified = (CGROUP_ROOT / "cgroup.controllers").exists()
+    group = (CGROUP_ROOT if unified else CGROUP_ROOT / "cpu") / f"keystone-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        if unified:
+            (group / "cpu.max").write_text("100000 100000")
+        else:
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text("100000")
+        yield group / "cgroup.procs"
+    finally:
+        group.rmdir()  # its processes have ended
+
+
+@pytest.mark.embedded
+def test_a_run_in_a_cgroup_with_a_quota_of_one_cpu_forks_no_process(tmp_path: Path) -> None:
+    """A container given one CPU on a larger host: its quota, not the host's CPUs."""
+    assert len(os.sched_getaffinity(0)) >= 2, "this test needs a host with two CPUs or more"
+    with _cgroup_of_one_cpu() as procs:
+        join = f'echo $$ > {procs} && exec "$@"'
+        at_once = _run(tmp_path, 3, processes=1, prefix=["/bin/sh", "-c", join, "sh"])
+    assert _overlapping(at_once) >= 2
 
 
 @pytest.mark.django_db(transaction=True)

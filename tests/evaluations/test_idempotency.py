@@ -80,3 +80,31 @@ def test_a_key_longer_than_what_is_stored_is_a_422_not_another_keys_run(
     assert Run.objects.count() == 0
     fits = _start(client, project, {}, "k" * 200)
     assert fits.status_code == 202 and Run.objects.count() == 1
+
+
+def test_a_run_of_no_replicas_is_refused_and_none_other_is_handed_back(project: Project) -> None:
+    """`keystone run --replicas -1` reached the database, whose refusal was taken for the
+    race of two requests with one Idempotency-Key: the run handed back was an earlier one
+    of the project's, unrelated (any run without a key)."""
+    version = services.spec_version_create(project=project, source_yaml=SPEC)
+    earlier = services.run_create(spec_version=version, enqueue=False)
+    for replicas in (0, -1):
+        with pytest.raises(ValueError, match="replicas: expected a whole number of at least 1"):
+            services.run_create(spec_version=version, replicas=replicas, enqueue=False)
+    assert list(Run.objects.values_list("pk", flat=True)) == [earlier.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_the_database_refuses_is_an_error_without_an_idempotency_key(
+    project: Project, django_user_model: Any
+) -> None:
+    from django.db import IntegrityError
+
+    version = services.spec_version_create(project=project, source_yaml=SPEC)
+    earlier = services.run_create(spec_version=version, enqueue=False)
+    with pytest.raises(IntegrityError):
+        # A user who does not exist: the foreign key refuses the row when it is committed.
+        services.run_create(
+            spec_version=version, created_by=django_user_model(pk=10**9), enqueue=False
+        )
+    assert list(Run.objects.values_list("pk", flat=True)) == [earlier.pk]

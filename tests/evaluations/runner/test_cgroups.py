@@ -101,6 +101,65 @@ def test_without_cgroup_controllers_at_the_root_v1_is_used(tmp_path: Path) -> No
         assert (memory / "memory.limit_in_bytes").read_text() == str(1024 * 1024)
 
 
+def _write(files: dict[str, str], root: Path) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_v2_cpu_quota_is_the_smallest_on_the_way_up_from_the_own_group(tmp_path: Path) -> None:
+    base = _v2_tree(tmp_path)
+    _write({"cpu.max": "max 100000\n"}, base)
+    _write({"system.slice/cpu.max": "150000 100000\n"}, tmp_path)
+    assert cgroups.cpu_quota(tmp_path, V2_SELF) == 1.5
+    _write({"cpu.max": "50000 100000\n"}, base)
+    assert cgroups.cpu_quota(tmp_path, V2_SELF) == 0.5
+
+
+def test_v2_without_a_quota_anywhere_there_is_none(tmp_path: Path) -> None:
+    base = _v2_tree(tmp_path)
+    _write({"cpu.max": "max 100000\n"}, base)
+    assert cgroups.cpu_quota(tmp_path, V2_SELF) is None
+
+
+def test_v1_cpu_quota_is_read_from_the_cpu_hierarchy(tmp_path: Path) -> None:
+    own = "3:cpu,cpuacct:/docker/abc\n" + V1_SELF
+    _write(
+        {
+            "cpu/cpu.cfs_quota_us": "-1\n",
+            "cpu/cpu.cfs_period_us": "100000\n",
+            "cpu/docker/abc/cpu.cfs_quota_us": "200000\n",
+            "cpu/docker/abc/cpu.cfs_period_us": "100000\n",
+        },
+        tmp_path,
+    )
+    assert cgroups.cpu_quota(tmp_path, own) == 2.0
+    assert cgroups.cpu_quota(tmp_path, V1_SELF) is None  # no cpu line: the root's, unlimited
+
+
+def test_v1_in_a_container_the_hierarchy_root_is_its_own_group(tmp_path: Path) -> None:
+    """/proc/self/cgroup names the group's path on the host, which the container's view of
+    the hierarchy does not have: its root is the container's group."""
+    own = "3:cpu,cpuacct:/docker/abc\n"
+    _write({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, tmp_path)
+    assert cgroups.cpu_quota(tmp_path, own) == 3.0
+
+
+def test_usable_cpus_are_the_affinity_mask_capped_by_the_quota_rounded_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    quotas = {"quota": None}
+    monkeypatch.setattr(cgroups, "cpu_quota", lambda root, own: quotas["quota"])
+    assert cgroups.usable_cpus() == 4
+    quotas["quota"] = 1.5
+    assert cgroups.usable_cpus() == 2
+    quotas["quota"] = 0.2
+    assert cgroups.usable_cpus() == 1
+    quotas["quota"] = 16.0
+    assert cgroups.usable_cpus() == 4
+
+
 def test_empty_groups_dead_workers_left_are_removed_once_in_a_while(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
