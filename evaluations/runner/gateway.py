@@ -264,9 +264,9 @@ class Gateway:
             status, response = 200, embeddings_response(body, self.model or "scripted")
         else:
             status, response, headers = self._forward("POST", "embeddings", body)
-        usage = response.get("usage") or {}
+        usage = _usage(response)
         model = str(response.get("model") or body.get("model") or "")
-        input_tokens = int(usage.get("prompt_tokens", 0))
+        input_tokens = _count(usage.get("prompt_tokens")) or 0
         summary = (
             {
                 "object": response.get("object"),
@@ -322,8 +322,10 @@ class Gateway:
         try:
             payload = response.json()
         except ValueError:
+            payload = None
+        if not isinstance(payload, dict):  # what every endpoint answers is a JSON object
             payload = error_body(
-                f"upstream answered non-JSON: {response.text[:200]}", kind="upstream_error"
+                f"upstream answered no JSON object: {response.text[:200]}", kind="upstream_error"
             )
             return (response.status_code if response.status_code >= 400 else 502), payload, headers
         return response.status_code, payload, headers
@@ -368,33 +370,62 @@ class _AnswerUsage(NamedTuple):
     tool_calls: list[ToolCall]  # the tools the model asked for
 
 
+# More tokens than one call can have used: a figure beyond it is no count.
+_MOST_TOKENS = 10**9
+
+
+def _usage(answer: dict[str, Any]) -> dict[str, Any]:
+    usage = answer.get("usage")
+    return usage if isinstance(usage, dict) else {}
+
+
+def _count(value: Any) -> int | None:
+    """A token count the model reported, or None where it gave none or something else (a
+    negative or fractional number, a word): what is stored must be a whole number that a
+    database's integer column takes, and the agent's answer is relayed whatever it says."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= _MOST_TOKENS else None
+
+
+def _objects(value: Any) -> list[dict[str, Any]]:
+    """The JSON objects of a list an answer has (choices, tool calls), where it has one."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
 def _chat_usage(body: dict[str, Any], completion: dict[str, Any], status: int) -> _AnswerUsage:
-    usage = completion.get("usage") or {}
+    usage = _usage(completion)
     messages = body.get("messages") or []
-    input_tokens = int(
-        usage.get("prompt_tokens") or (count_request_tokens(messages) if status == 200 else 0)
+    input_tokens = _count(usage.get("prompt_tokens")) or (
+        count_request_tokens(messages) if status == 200 else 0
     )
-    output_tokens = int(usage.get("completion_tokens") or 0)
+    # Without a count from the model, the answers' texts are counted.
+    reported = _count(usage.get("completion_tokens"))
+    output_tokens = reported or 0
     tool_calls: list[ToolCall] = []
-    for choice in completion.get("choices") or []:
-        message = choice.get("message") or {}
-        if not output_tokens and not usage:
+    for choice in _objects(completion.get("choices")):
+        message = choice.get("message")
+        message = message if isinstance(message, dict) else {}
+        if reported is None:
             output_tokens += count_tokens(message_text(message))
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") or {}
+        for call in _objects(message.get("tool_calls")):
+            function = call.get("function")
+            function = function if isinstance(function, dict) else {}
             tool_calls.append(_model_tool_call(function.get("name"), function.get("arguments")))
     return _AnswerUsage(input_tokens, output_tokens, tool_calls)
 
 
 def _responses_usage(response: dict[str, Any]) -> _AnswerUsage:
-    usage = response.get("usage") or {}
+    usage = _usage(response)
     tool_calls = [
         _model_tool_call(item.get("name"), item.get("arguments"))
-        for item in response.get("output") or []
+        for item in _objects(response.get("output"))
         if item.get("type") == "function_call"
     ]
     return _AnswerUsage(
-        int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0), tool_calls
+        _count(usage.get("input_tokens")) or 0, _count(usage.get("output_tokens")) or 0, tool_calls
     )
 
 

@@ -236,7 +236,8 @@ def _recount_completion_tokens(completion: dict[str, Any]) -> None:
         for call in message.get("tool_calls") or []:
             produced += count_tokens(str((call.get("function") or {}).get("arguments", "")))
     usage["completion_tokens"] = produced
-    usage["total_tokens"] = int(usage.get("prompt_tokens", 0)) + produced
+    prompt = usage.get("prompt_tokens")  # as the model sent it: not always a number
+    usage["total_tokens"] = (prompt if isinstance(prompt, int) else 0) + produced
 
 
 def garbage_text(rng: random.Random, length: int) -> str:

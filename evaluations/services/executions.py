@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db import DataError, IntegrityError
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -297,7 +298,9 @@ def execution_execute(
         return _errored(execution)
     try:
         execution_record(execution=execution, worker=worker, outcome=outcome, spec=spec)
-    except OSError as exc:  # a full disk: the execution ends now, not when its lease expires
+    except (OSError, IntegrityError, DataError) as exc:
+        # A full disk, a value the database refuses: the execution ends now, saying why,
+        # not when its lease expires (and again on every attempt after it).
         logger.exception("results of execution %s could not be stored", execution_id)
         execution_record_error(
             execution_id=execution_id,

@@ -91,7 +91,14 @@ def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: E
                 statements.insert(CheckResult, results)
                 statements.insert(Artifact, artifacts)
                 _count_done(execution.run_id)
-    except IntegrityError:  # results of this execution were stored already
+    except IntegrityError:
+        # Another worker's results of this execution, stored first, once it is no longer ours;
+        # while it still is, the database refused these rows themselves: an error to report.
+        if Execution.objects.filter(
+            pk=execution.pk, claimed_by=worker, status=ExecutionStatus.RUNNING
+        ).exists():
+            _delete_files(artifacts)
+            raise
         owned = 0
     except BaseException:
         _delete_files(artifacts)

@@ -356,3 +356,47 @@ invariants:
     assert services.execution_execute(execution_id=execution_id, worker=WORKER) is None
     assert not marker.exists()
     assert not Execution.objects.filter(pk=execution_id).exists()
+
+
+def test_results_the_database_refuses_end_the_execution_as_an_error_that_says_so(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only refusal that means "stored already" is the one after another worker took
+    the execution over. Any other (here each result twice, which the unique constraint on
+    an execution's results refuses) was taken for it: the results were dropped without a
+    word and the execution stayed `running` until its lease expired, on every attempt."""
+    from django.conf import settings
+
+    from evaluations.models import Artifact
+    from evaluations.runner import harness
+
+    run, [execution_id] = planned_run(
+        project,
+        """\
+version: 1
+id: refused-results
+task: {prompts: ["p"]}
+agent: {type: command, command: "echo hello"}
+sandbox: {backend: local}
+invariants:
+  completes: {description: "it ran", check: {type: completes}}
+""",
+    )
+    real = harness.run_execution
+
+    def results_twice(*args: Any, **kwargs: Any) -> Any:
+        outcome = real(*args, **kwargs)
+        outcome.results = outcome.results * 2
+        return outcome
+
+    monkeypatch.setattr(harness, "run_execution", results_twice)
+    services.execution_execute(execution_id=execution_id, worker=WORKER)
+    execution = Execution.objects.get(pk=execution_id)
+    assert execution.status == ExecutionStatus.ERROR
+    assert execution.error.startswith("Keystone internal error: the results could not be stored")
+    assert not CheckResult.objects.filter(execution_id=execution_id).exists()
+    assert not Artifact.objects.filter(execution_id=execution_id).exists()
+    folder = Path(settings.MEDIA_ROOT) / f"runs/{run.pk}/executions/{execution_id}"
+    assert not [p for p in folder.rglob("*") if p.is_file()]  # no file without its row
+    services.run_finalize_if_done(run_id=run.pk)
+    assert Run.objects.get(pk=run.pk).status == RunStatus.COMPLETED

@@ -554,3 +554,98 @@ def test_upstream_errors_and_embeddings_are_relayed() -> None:
     assert upstream.requests[-1]["input"] == "a b c"
     assert call.input_tokens == 3
     assert call.cost_usd == pytest.approx(3 * 0.02 / 1e6)
+
+
+# --------------------------------------------------------------------------- what the upstream reports
+
+
+class _OddUsageModel(HttpPeer):
+    """A model whose answers carry `usage` as given (negative, words, a list, huge), on the
+    chat, responses and embeddings endpoints."""
+
+    def __init__(self, usage: Any) -> None:
+        odd = usage
+
+        class Handler(PeerHandler):
+            def do_POST(self) -> None:
+                self.read_body()
+                if self.path.endswith("/chat/completions"):
+                    message = {"role": "assistant", "content": "four words of answer"}
+                    body = {"object": "chat.completion", "choices": [{"message": message}]}
+                elif self.path.endswith("/responses"):
+                    body = {"object": "response", "output": []}
+                else:
+                    body = {"object": "list", "data": [{"embedding": [0.5]}]}
+                self.send_json(200, {**body, "model": "m", "usage": odd})
+
+        super().__init__(Handler)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": -5, "completion_tokens": -1, "input_tokens": -5, "output_tokens": -2},
+        {"prompt_tokens": "lots", "completion_tokens": "some", "input_tokens": "x"},
+        {"prompt_tokens": 10**12, "completion_tokens": 3.5, "input_tokens": 10**12},
+        [1, 2],
+        "many",
+    ],
+    ids=["negative", "words", "out-of-range", "a-list", "a-string"],
+)
+def test_token_counts_the_model_reports_are_kept_only_when_they_are_counts(usage: Any) -> None:
+    """The calls' token counts are stored in whole-number columns (PostgreSQL's integer):
+    a count that is not one became a gateway error for the agent, or a row the database
+    refused. The agent still gets the model's answer as it was."""
+    with _OddUsageModel(usage) as model:
+        config = {"provider": "openai", "base_url": f"{model.url}/v1", "api_key_env": "KEY"}
+        with Gateway(config, secrets={"KEY": "sk-x"}) as gateway:
+            client = _client(gateway)
+            chat = client.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": "one two three"}]
+            )
+            responses = client.responses.with_raw_response.create(model="m", input="hi")
+            vectors = client.embeddings.with_raw_response.create(model="m", input="a b")
+            calls = gateway.calls()
+    assert [r.status_code for r in (chat, responses, vectors)] == [200, 200, 200]
+    assert json.loads(chat.text)["usage"] == usage  # relayed as the model sent it
+    assert len(calls) == 3
+    for call in calls:
+        for count in (call.input_tokens, call.output_tokens):
+            assert isinstance(count, int) and 0 <= count <= 10**9, (call, count)
+    # What is left unusable is counted as without `usage`: from the texts.
+    assert calls[0].input_tokens > 0 and calls[0].output_tokens > 0
+
+
+def test_a_truncated_answer_of_a_model_that_reports_words_for_counts() -> None:
+    with _OddUsageModel({"prompt_tokens": "lots", "completion_tokens": "some"}) as model:
+        config = {"provider": "openai", "base_url": f"{model.url}/v1", "api_key_env": "KEY"}
+        faults = [{"mode": "truncated_response", "max_tokens": 2}]
+        with Gateway(config, secrets={"KEY": "sk-x"}, llm_faults=faults) as gateway:
+            answer = _client(gateway).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
+            (call,) = gateway.calls()
+    assert answer.choices[0].finish_reason == "length"
+    assert call.output_tokens == 2 and isinstance(call.input_tokens, int)
+
+
+class _ListModel(HttpPeer):
+    def __init__(self) -> None:
+        class Handler(PeerHandler):
+            def do_POST(self) -> None:
+                self.read_body()
+                self.send_json(200, [1, 2])
+
+        super().__init__(Handler)
+
+
+def test_a_model_answering_json_that_is_no_object_is_a_502_that_says_so() -> None:
+    with _ListModel() as model:
+        config = {"provider": "openai", "base_url": f"{model.url}/v1", "api_key_env": "KEY"}
+        with Gateway(config, secrets={"KEY": "sk-x"}) as gateway:
+            with pytest.raises(openai.APIStatusError) as raised:
+                _ask(_client(gateway))
+            (call,) = gateway.calls()
+    assert raised.value.status_code == 502
+    assert "upstream answered no JSON object: [1" in str(raised.value)
+    assert call.status == 502
