@@ -16,7 +16,8 @@ headline ratio compares like with like: keystone-job.yaml asks for `isolation:
 per_invariant`, one agent call per invariant x scenario x prompt as Flakestorm's contract
 engine makes (it skips the rest of a cell's prompts after a failure: 382 calls here); the
 same spec in Keystone's default isolation (one call per scenario x prompt, every invariant
-checked on it) is measured too, as a third row. Then both tools' invariant x
+checked on it) is measured too, as a third row, and the job with `--processes 1` (no forked
+process: the least memory, one core's speed) as a fourth. Then both tools' invariant x
 scenario verdicts side by side, and reference 001's example contract (keystone-ref001.yaml,
 flakestorm-ref001.yaml) in both: Flakestorm scores it 57.1% because it ignores `when`,
 Keystone 80.0.
@@ -207,8 +208,17 @@ class Verdicts:
     passed: bool
 
 
-def keystone_argv(spec: Path, report: Path) -> list[str]:
-    return [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--json", str(report)]
+def keystone_argv(spec: Path, report: Path, *options: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "evaluations.cli",
+        "run",
+        str(spec),
+        "--json",
+        str(report),
+        *options,
+    ]
 
 
 def keystone_verdicts(measured: Measured, report: Path) -> Verdicts:
@@ -399,7 +409,10 @@ def run(
     keystone_runs: list[Measured] = []
     flakestorm_runs: list[Measured] = []
     shared_runs: list[Measured] = []
+    # `--processes 1`: the same job with no forked process, its threads only (the least memory).
+    single_runs: list[Measured] = []
     job_report, shared_report = tmp / "job.json", tmp / "job-shared.json"
+    single_report = tmp / "job-one-process.json"
     for index in range(repeat):  # alternately, so all see the same machine load
         keystone_runs.append(
             measure(
@@ -420,15 +433,24 @@ def run(
         shared_runs.append(
             measure(keystone_argv(shared, shared_report), cwd=ROOT, env=keystone_env, port=port)
         )
+        single_runs.append(
+            measure(
+                keystone_argv(specs["keystone-job.yaml"], single_report, "--processes", "1"),
+                cwd=ROOT,
+                env=keystone_env,
+                port=port,
+            )
+        )
         print(
             f"run {index + 1}/{repeat}: keystone {keystone_runs[-1].seconds:.2f} s, "
             f"flakestorm {flakestorm_runs[-1].seconds:.2f} s, keystone with its default "
-            f"isolation {shared_runs[-1].seconds:.2f} s",
+            f"isolation {shared_runs[-1].seconds:.2f} s, keystone in one process "
+            f"{single_runs[-1].seconds:.2f} s",
             flush=True,
         )
     # Every timed run must have run to a verdict (the reports kept are the last runs').
     for name, runs, ok in [
-        ("keystone run", keystone_runs + shared_runs, (0, 1)),
+        ("keystone run", keystone_runs + shared_runs + single_runs, (0, 1)),
         ("flakestorm contract run", flakestorm_runs, (0,)),
     ]:
         for measured in runs:
@@ -436,6 +458,7 @@ def run(
                 raise Crashed(f"{name} exited {measured.returncode}:\n{measured.output[-3000:]}")
     keystone_job = keystone_verdicts(keystone_runs[-1], job_report)
     keystone_shared = keystone_verdicts(shared_runs[-1], shared_report)
+    keystone_single = keystone_verdicts(single_runs[-1], single_report)
     config = specs["flakestorm-job.yaml"]
     flakestorm_job = flakestorm_verdicts(
         flakestorm_runs[-1], flakestorm, config, tmp / "job-flakestorm.json"
@@ -468,6 +491,7 @@ def run(
         (f"keystone run ({ROOT.name})", keystone_runs),
         (f"flakestorm {FLAKESTORM_VERSION} contract run", flakestorm_runs),
         ("keystone run, default isolation", shared_runs),
+        ("keystone run --processes 1", single_runs),
     ]
     print(
         f"  {'':<34}{'wall time':<26}{'peak RSS, process tree':<30}"
@@ -497,6 +521,13 @@ def run(
         f"keystone wall time, default isolation: {shared_wall:.3f} s "
         f"(ratio {flakestorm_wall / shared_wall:.2f}x)"
     )
+    single_wall = statistics.median(m.seconds for m in single_runs)
+    single_rss = statistics.median(m.tree_peak_rss for m in single_runs)
+    print(
+        f"keystone wall time, one process: {single_wall:.3f} s "
+        f"(ratio {flakestorm_wall / single_wall:.2f}x)"
+    )
+    print(f"keystone peak RSS, one process: {single_rss / 1e6:.1f} MB")
     print(f"keystone peak RSS: {keystone_rss / 1e6:.1f} MB")
     print(f"flakestorm peak RSS: {flakestorm_rss / 1e6:.1f} MB (target: keystone's <= this)")
     print(f"keystone peak PSS: {keystone_pss / 1e6:.1f} MB (one more run, not timed)")
@@ -507,6 +538,9 @@ def run(
     )
     differ += print_verdicts(
         "verdicts, the job, Keystone's default isolation", keystone_shared, flakestorm_job
+    )
+    differ += print_verdicts(
+        "verdicts, the job, Keystone in one process", keystone_single, flakestorm_job
     )
     print_verdicts(
         "verdicts, reference 001's example contract (Flakestorm ignores `when`: it checks "
