@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -28,11 +28,16 @@ def embedded_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def run_keystone(
-    *args: str, env: Mapping[str, str], cwd: Path = REPO_ROOT, timeout: float = 120
+    *args: str,
+    env: Mapping[str, str],
+    cwd: Path = REPO_ROOT,
+    timeout: float = 120,
+    prefix: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """`keystone ARGS...` run to its end, with its output captured as text."""
+    """`keystone ARGS...` run to its end, with its output captured as text; `prefix` is a
+    command that starts it (`taskset -c 0`, a shell that joins a cgroup first)."""
     return subprocess.run(
-        [sys.executable, "-m", "evaluations.cli", *args],
+        [*prefix, sys.executable, "-m", "evaluations.cli", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

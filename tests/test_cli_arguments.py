@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from checks.exit_codes import EXIT_SPEC_INVALID
-from evaluations.cli import main
+from evaluations.cli import build_parser, main
 
 
 @pytest.mark.parametrize(
@@ -38,8 +38,6 @@ def test_an_unusable_number_is_a_usage_error_naming_the_option(
 
 
 def test_usable_numbers_are_taken_as_numbers() -> None:
-    from evaluations.cli import build_parser
-
     args = build_parser().parse_args(
         ["run", "s.yaml", "--jobs", "3", "--processes", "1", "--replicas", "2", "--timeout", "1.5"]
     )

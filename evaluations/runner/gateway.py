@@ -264,7 +264,7 @@ class Gateway:
             status, response = 200, embeddings_response(body, self.model or "scripted")
         else:
             status, response, headers = self._forward("POST", "embeddings", body)
-        usage = _usage(response)
+        usage = _object(response.get("usage"))
         model = str(response.get("model") or body.get("model") or "")
         input_tokens = _count(usage.get("prompt_tokens")) or 0
         summary = (
@@ -374,9 +374,10 @@ class _AnswerUsage(NamedTuple):
 _MOST_TOKENS = 10**9
 
 
-def _usage(answer: dict[str, Any]) -> dict[str, Any]:
-    usage = answer.get("usage")
-    return usage if isinstance(usage, dict) else {}
+def _object(value: Any) -> dict[str, Any]:
+    """A JSON object an answer has (its usage, a choice's message, a call's function), or an
+    empty one where it has something else."""
+    return value if isinstance(value, dict) else {}
 
 
 def _count(value: Any) -> int | None:
@@ -396,7 +397,7 @@ def _objects(value: Any) -> list[dict[str, Any]]:
 
 
 def _chat_usage(body: dict[str, Any], completion: dict[str, Any], status: int) -> _AnswerUsage:
-    usage = _usage(completion)
+    usage = _object(completion.get("usage"))
     messages = body.get("messages") or []
     input_tokens = _count(usage.get("prompt_tokens")) or (
         count_request_tokens(messages) if status == 200 else 0
@@ -406,19 +407,17 @@ def _chat_usage(body: dict[str, Any], completion: dict[str, Any], status: int) -
     output_tokens = reported or 0
     tool_calls: list[ToolCall] = []
     for choice in _objects(completion.get("choices")):
-        message = choice.get("message")
-        message = message if isinstance(message, dict) else {}
+        message = _object(choice.get("message"))
         if reported is None:
             output_tokens += count_tokens(message_text(message))
         for call in _objects(message.get("tool_calls")):
-            function = call.get("function")
-            function = function if isinstance(function, dict) else {}
+            function = _object(call.get("function"))
             tool_calls.append(_model_tool_call(function.get("name"), function.get("arguments")))
     return _AnswerUsage(input_tokens, output_tokens, tool_calls)
 
 
 def _responses_usage(response: dict[str, Any]) -> _AnswerUsage:
-    usage = _usage(response)
+    usage = _object(response.get("usage"))
     tool_calls = [
         _model_tool_call(item.get("name"), item.get("arguments"))
         for item in _objects(response.get("output"))

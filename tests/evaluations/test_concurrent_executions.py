@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from evaluations.runner.cgroups import CGROUP_ROOT, usable_cpus
-from tests.cli_helpers import REPO_ROOT, embedded_env
+from tests.cli_helpers import REPO_ROOT, embedded_env, run_keystone
 from tests.http_peer import HttpPeer, PeerHandler
 
 # The `keystone run` tests run a subprocess on a real SQLite file (the embedded default) in
@@ -57,14 +57,8 @@ def _run(
     home = tmp_path / f"home-{jobs}"
     spec = tmp_path / "jobs.yaml"
     spec.write_text(SPEC)
-    result = subprocess.run(
-        [*prefix, sys.executable, "-m", "evaluations.cli", "run", str(spec), "--jobs", str(jobs)]
-        + list(options),
-        cwd=REPO_ROOT,
-        env=embedded_env(home),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_keystone(
+        "run", str(spec), "--jobs", str(jobs), *options, env=embedded_env(home), prefix=prefix
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "execution 6/6" in result.stdout
