@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from checks.artifact import NO_VERDICT_STATUSES
+from checks.output_files import write_whole
 from checks.pricing import format_usd
 from checks.report_model import ExecutionRecord, ExecutionScore, RunSummary
 from checks.results import CheckResult
@@ -88,7 +90,17 @@ def report_dict(summary: RunSummary) -> dict[str, Any]:
 
 
 def render_json(summary: RunSummary) -> str:
-    return json.dumps(report_dict(summary), indent=2, sort_keys=False, default=str) + "\n"
+    return "".join(json_chunks(summary))
+
+
+def json_chunks(summary: RunSummary) -> Iterator[str]:
+    """The JSON report a piece at a time, for writing to a file: the whole text of a large
+    run's report (every execution's results) never exists at once."""
+    yield from _REPORT_ENCODER.iterencode(report_dict(summary))
+    yield "\n"
+
+
+_REPORT_ENCODER = json.JSONEncoder(indent=2, default=str)
 
 
 @dataclass(slots=True)
@@ -561,18 +573,15 @@ def write_reports(
     junit_path: str | Path | None = None,
     markdown_path: str | Path | None = None,
 ) -> list[Path]:
+    """Each report asked for, written whole or not at all (output_files)."""
     written: list[Path] = []
-    for path, render in (
-        (json_path, render_json),
-        (junit_path, render_junit),
-        (markdown_path, render_markdown),
+    for path, chunks in (
+        (json_path, lambda: json_chunks(summary)),
+        (junit_path, lambda: [render_junit(summary)]),
+        (markdown_path, lambda: [render_markdown(summary)]),
     ):
-        if path is None:
-            continue
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(render(summary), encoding="utf-8")
-        written.append(target)
+        if path is not None:
+            written.append(write_whole(path, chunks()))
     return written
 
 

@@ -26,6 +26,7 @@ from checks.exit_codes import (
     EXIT_SPEC_INVALID,
     CommandFailed,
 )
+from checks.output_files import write_whole
 from evaluations.cli import start_up_over
 
 if TYPE_CHECKING:
@@ -635,7 +636,7 @@ def cmd_report_regressions(args: argparse.Namespace) -> int:
     if not written:
         sys.stdout.write(markdown)
     for path, text in written:
-        Path(path).write_text(text, encoding="utf-8")
+        write_whole(path, [text])
         print(f"wrote {path}")
     print(f"{len(report.rows)} regressed group(s) in {project.slug}", file=sys.stderr)
     return 0
@@ -789,17 +790,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     text = render_comparison(comparison, f"run {before.pk}", f"run {after.pk}")
     sys.stdout.write(text)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"before": before.pk, "after": after.pk, **comparison.to_dict()}, indent=2)
-        )
+        document = {"before": before.pk, "after": after.pk, **comparison.to_dict()}
+        write_whole(args.json, [json.dumps(document, indent=2)])
         print(f"wrote {args.json}")
     if args.markdown:
-        Path(args.markdown).write_text(
-            cap_markdown(
-                f"# Keystone compare: run {after.pk} against run {before.pk}\n\n```\n{text}```\n"
-                + _changed_executions_markdown(execution_pairs(before, after, size=20).pairs)
-            )
+        markdown = cap_markdown(
+            f"# Keystone compare: run {after.pk} against run {before.pk}\n\n```\n{text}```\n"
+            + _changed_executions_markdown(execution_pairs(before, after, size=20).pairs)
         )
+        write_whole(args.markdown, [markdown])
         print(f"wrote {args.markdown}")
     return 1 if comparison.regressed else 0
 

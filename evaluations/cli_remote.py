@@ -10,6 +10,7 @@ download the reports and exit with the run's exit code. Ctrl-C cancels the run o
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import sys
@@ -28,6 +29,7 @@ from checks.exit_codes import (
     EXIT_PROVIDER_ERROR,
     EXIT_SPEC_INVALID,
 )
+from checks.output_files import write_whole
 
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 STREAM_READ_TIMEOUT = 60.0  # the server sends a keep-alive every 15 s
@@ -260,7 +262,7 @@ def _finish(client: Client, run_id: int, verdict: dict[str, Any], args: argparse
         if not target:
             continue
         with client.request("GET", client.url(f"/runs/{run_id}/report", format=fmt)) as response:
-            Path(target).write_bytes(response.read())
+            write_whole(target, codecs.iterdecode(iter(lambda: response.read(65536), b""), "utf-8"))
         print(f"wrote {target}")
     exit_code = int(verdict["exit_code"])
     print(f"run {run_id}: exit code {exit_code}")

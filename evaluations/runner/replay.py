@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from checks.artifact import RunArtifact
+from checks.output_files import write_whole
 
 REPLAY_FORMAT_VERSION = 1
 
@@ -184,9 +185,9 @@ def export_session(session: ReplaySession) -> dict[str, Any]:
 
 def save_session(session: ReplaySession, path: str | Path) -> Path:
     """Write the session as a replay file (pretty JSON)."""
-    target = Path(path)
-    target.write_text(json.dumps(export_session(session), indent=2, ensure_ascii=False) + "\n")
-    return target
+    return write_whole(
+        path, [json.dumps(export_session(session), indent=2, ensure_ascii=False), "\n"]
+    )
 
 
 def plan_sessions(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -469,3 +470,17 @@ def test_markdown_stays_under_githubs_comment_limit_and_says_what_it_left_out() 
     assert text.rstrip().endswith("on the run's page._")  # the closing note, not a cut row
     small = render_markdown(score_run(spec, _records()))
     assert "left out" not in small
+
+
+def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(
+    summary: RunSummary, tmp_path: Path, file_size_limit
+) -> None:
+    """A full disk (here a file-size limit) while the JSON report is written: the report of
+    the last run is still there, complete, not a truncated file a CI system cannot parse."""
+    previous = tmp_path / "r.json"
+    write_reports(summary, json_path=previous)
+    complete = previous.read_text()
+    with file_size_limit(len(complete) // 2), pytest.raises(OSError):
+        write_reports(summary, json_path=previous)
+    assert previous.read_text() == complete
+    assert os.listdir(tmp_path) == ["r.json"]
