@@ -83,16 +83,33 @@ def _generated_secret_key(path: Path) -> str:
     kept, so sessions and signed values survive restarts. Several hosts sharing one database
     must set SECRET_KEY instead (docker-compose.yml does)."""
     try:
-        return path.read_text().strip()
+        key = path.read_text().strip()
     except FileNotFoundError:
-        pass
+        key = _new_secret_key(path)
+    if not key:
+        raise ImproperlyConfigured(
+            f"{path} holds no key: delete it to have a new one made (sessions signed with the "
+            "old one end), or set SECRET_KEY"
+        )
+    return key
+
+
+def _new_secret_key(path: Path) -> str:
+    """A key written to a file of its own, then linked into place: the key file appears whole
+    or not at all (a file created empty, then written, was read empty by a process starting
+    at the same moment, or stayed empty when its writer was stopped in between), and when
+    processes of a fresh install start together, every one of them keeps the first key."""
     key = secrets.token_urlsafe(50)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(handle, "w") as file:
+            file.write(key)
+        os.link(partial, path)
     except FileExistsError:  # another process of this install made it meanwhile
         return path.read_text().strip()
-    with os.fdopen(fd, "w") as file:
-        file.write(key)
+    finally:
+        os.unlink(partial)
     return key
 
 

@@ -257,3 +257,33 @@ def test_login_page_logs_a_user_in_and_out(client: Any, django_user_model: Any) 
     assert client.get("/")["Location"] == "/p/"
     client.post("/accounts/logout/")
     assert "Log in" in client.get("/").content.decode()
+
+
+def test_a_key_file_left_empty_is_an_error_naming_it(tmp_path: Path) -> None:
+    """What a process stopped between creating the key file and writing it left behind (the
+    key file is now linked into place whole, so a new one never looks like this)."""
+    (tmp_path / "secret_key").write_text("\n")
+    done = _settings_in_fresh_process(
+        "from django.conf import settings; print(settings.SECRET_KEY)", KEYSTONE_HOME=str(tmp_path)
+    )
+    assert done.returncode != 0
+    assert f"{tmp_path / 'secret_key'} holds no key: delete it" in done.stderr
+
+
+def test_processes_of_a_fresh_install_starting_together_share_one_key(tmp_path: Path) -> None:
+    boot = "import django; django.setup(); from django.conf import settings; print(settings.SECRET_KEY)"
+    starting = [
+        subprocess.Popen(
+            [sys.executable, "-c", boot],
+            cwd=REPO,
+            env=_clean_env(KEYSTONE_HOME=str(tmp_path)),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
+    keys = {process.communicate(timeout=60)[0].strip().splitlines()[-1] for process in starting}
+    assert len(keys) == 1
+    key = keys.pop()
+    assert len(key) >= 50 and (tmp_path / "secret_key").read_text() == key
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".secret_key")]
