@@ -89,6 +89,9 @@ def report_dict(summary: RunSummary) -> dict[str, Any]:
     }
 
 
+_REPORT_ENCODER = json.JSONEncoder(indent=2, default=str)
+
+
 def render_json(summary: RunSummary) -> str:
     return "".join(json_chunks(summary))
 
@@ -98,9 +101,6 @@ def json_chunks(summary: RunSummary) -> Iterator[str]:
     run's report (every execution's results) never exists at once."""
     yield from _REPORT_ENCODER.iterencode(report_dict(summary))
     yield "\n"
-
-
-_REPORT_ENCODER = json.JSONEncoder(indent=2, default=str)
 
 
 @dataclass(slots=True)
