@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def write_whole(path: str | Path, chunks: Iterable[str]) -> Path:
     real.parent.mkdir(parents=True, exist_ok=True)
     partial, handle = _create_beside(real)
     try:
+        with contextlib.suppress(FileNotFoundError):  # a file replaced keeps its mode
+            os.fchmod(handle, stat.S_IMODE(real.stat().st_mode))
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.writelines(chunks)
         os.replace(partial, real)

@@ -30,6 +30,14 @@ def test_a_new_file_gets_the_mode_a_plain_write_would(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "r.xml").stat().st_mode) == 0o640
 
 
+def test_a_replaced_file_keeps_its_mode(tmp_path: Path) -> None:
+    target = tmp_path / "run.json"
+    target.write_text("old")
+    target.chmod(0o600)
+    write_whole(target, ["new"])
+    assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
 def test_an_interrupted_writer_leaves_the_previous_file_as_it_was(tmp_path: Path) -> None:
     target = tmp_path / "run.json"
     target.write_text("the last complete report\n")
