@@ -755,7 +755,36 @@ def _warnings(
         python = spec.agent.get("type") == "python"
         warnings.append(STATEFUL_WARNING_PYTHON if python else STATEFUL_WARNING)
     warnings.extend(_unreached_chaos_warnings(spec, records))
+    warnings.extend(_passed_unfinished_warnings(spec, records, scores))
     return warnings
+
+
+def _passed_unfinished_warnings(
+    spec: Spec, records: Sequence[ExecutionRecord], scores: Sequence[ExecutionScore]
+) -> list[str]:
+    """Executions of a scenario without chaos that passed although their agent did not
+    finish (it exited non-zero, answered an HTTP error, timed out): each invariant held on
+    what it left, and none asked for the agent to finish. Under chaos that is what
+    resilience looks like (the agent may fail, not break its rules); without it, an agent
+    that fails every prompt would pass a spec of "must not" rules unnoticed. A warning
+    only: the verdict stays what the invariants say (SPEC_FORMAT)."""
+    calm = {s.name for s in spec.scenarios if not s.any_chaos_active}
+    unfinished = [
+        record
+        for record, score in zip(records, scores, strict=True)
+        if score.passed
+        and record.status in ("failed", "timed_out")
+        and record.pillar in MATRIX_PILLARS
+        and record.scenario in calm
+    ]
+    if not unfinished:
+        return []
+    said = (unfinished[0].error or f"status {unfinished[0].status}").strip().splitlines()
+    return [
+        f"{len(unfinished)} execution(s) without chaos passed although their agent did not "
+        f"finish ({said[0][:200] if said else unfinished[0].status}): every invariant held on "
+        "what it left; add a `completes` invariant to make finishing part of the verdict"
+    ]
 
 
 # Where each channel's faults meet the agent, as the warning names it.

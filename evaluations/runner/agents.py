@@ -263,6 +263,10 @@ def _prompt_env(prompt: str, invocation: _SandboxInvocation) -> dict[str, str]:
     return env
 
 
+# The exit codes POSIX reserves for a shell that could not run a command (`sh -c CMD`).
+_SHELL_COULD_NOT_RUN = {126: "found but not executable", 127: "not found"}
+
+
 def _invoke_command(
     agent_config: dict[str, Any], prompt: str, invocation: _SandboxInvocation
 ) -> AgentResult:
@@ -273,7 +277,17 @@ def _invoke_command(
     written = _read_output(invocation, invocation.max_output_bytes)
     result = _from_process(process, final_output=process.stdout if written is None else written)
     if result.status == "failed" and result.error is None:
-        result.error = f"agent command exited with code {process.exit_code}"
+        if process.exit_code in _SHELL_COULD_NOT_RUN:
+            # The shell could not run the command it was given: the agent never started
+            # (`error`, so that no check judges what it did not do).
+            result.status = "error"
+            result.error = (
+                f"agent command could not be run: the shell exited with code "
+                f"{process.exit_code} ({_SHELL_COULD_NOT_RUN[process.exit_code]}): "
+                f"{process.stderr.strip()[-500:]}"
+            )
+        else:
+            result.error = f"agent command exited with code {process.exit_code}"
     return result
 
 
@@ -489,16 +503,28 @@ def _invoke_http(
                 duration_ms=elapsed(),
                 error=f"agent endpoint did not answer within {timeout:g}s",
             )
+        # The request never reached the agent (refused, no route, a name that does not
+        # resolve): the agent did not run, so no check may judge it (`error`, never a pass).
+        return AgentResult(
+            "",
+            "error",
+            None,
+            duration_ms=elapsed(),
+            error=f"agent endpoint unreachable: {exc.reason}",
+        )
+    except ValueError as exc:  # a URL urllib cannot open: nothing was sent either
+        return AgentResult(
+            "", "error", None, duration_ms=elapsed(), error=f"agent endpoint unusable: {exc}"
+        )
+    except (OSError, http.client.HTTPException) as exc:
+        # The agent had the request, then the connection ended without a whole answer: it
+        # (or its server) died on this prompt, which is the agent failing its task.
         return AgentResult(
             "",
             "failed",
             None,
             duration_ms=elapsed(),
-            error=f"agent endpoint unreachable: {exc.reason}",
-        )
-    except (OSError, ValueError, http.client.HTTPException) as exc:  # reset, bad URL, stopped
-        return AgentResult(
-            "", "failed", None, duration_ms=elapsed(), error=f"agent endpoint unreachable: {exc}"
+            error=f"agent endpoint closed the connection without a whole answer: {exc!r}",
         )
     truncated = len(raw) > max_output_bytes
     text = raw[:max_output_bytes].decode("utf-8", errors="replace")

@@ -1028,3 +1028,35 @@ def test_a_run_whose_executions_all_errored_does_not_look_like_a_pass() -> None:
     assert [e.composite for e in summary.executions] == [0.0, 0.0, 0.0]
     assert summary.metrics.p95_duration_ms is None and summary.metrics.mean_duration_ms is None
     assert summary.exit_code == 1
+
+
+def test_a_calm_execution_that_passed_without_its_agent_finishing_is_warned_about() -> None:
+    """Every invariant a "must not" rule: an agent that fails every prompt would pass them
+    all on its empty output. The verdict stays the invariants' (SPEC_FORMAT), with a warning
+    that names why; under chaos, failing without breaking a rule is what resilience is."""
+    spec = make_spec(
+        chaos_matrix=[
+            {"name": "no-chaos"},
+            {"name": "tools-down", "tool_faults": [{"tool": "*", "mode": "error"}]},
+        ],
+        tools=[{"name": "quotes", "url": "http://127.0.0.1:9/"}],
+    )
+    crashed = record(
+        results=[result("says_refund", True)],
+        status="failed",
+        error="agent command exited with code 2\nTraceback ...",
+    )
+    summary = score_run(spec, [crashed])
+    assert summary.verdict == "pass"
+    assert [w for w in summary.warnings if "did not finish" in w] == [
+        "1 execution(s) without chaos passed although their agent did not finish (agent"
+        " command exited with code 2): every invariant held on what it left; add a"
+        " `completes` invariant to make finishing part of the verdict"
+    ]
+    # Under chaos, or when the execution failed anyway, or the agent finished: no warning.
+    quiet = [
+        record("tools-down", [result("says_refund", True)], status="failed", pillar="chaos"),
+        record(results=[result("says_refund", False)], status="failed", replica=1),
+        record(results=[result("says_refund", True)], prompt_index=1),
+    ]
+    assert not [w for w in score_run(spec, quiet).warnings if "did not finish" in w]

@@ -3,6 +3,8 @@ error (status `error`, the reason in words, exit code 1), not Keystone's interna
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,46 @@ invariants:
     assert (cell["invariant_id"], cell["status"]) == ("answers", "error")
     [group] = run.summary["groups"]
     assert group["status"] == "error" and group["failure_codes"] == []
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "agent",
+    [
+        pytest.param(lambda: "{type: command, command: keystone-no-such-agent}", id="not-found"),
+        pytest.param(
+            lambda: f"{{type: http, endpoint: 'http://127.0.0.1:{_closed_port()}/invoke'}}",
+            id="unreachable",
+        ),
+    ],
+)
+def test_an_agent_that_never_started_fails_the_run_even_when_every_check_would_pass(
+    project: Project, tmp_path: Path, agent: Callable[[], str]
+) -> None:
+    """SPEC_FORMAT: an execution that could not run is `error`, never counted as a pass. A
+    command the shell cannot find, or an HTTP agent nobody answers at, passed before: its
+    empty output contains nothing forbidden."""
+    source = f"""\
+version: 1
+id: never-started
+task: {{prompt: "p"}}
+agent: {agent()}
+sandbox: {{backend: local}}
+invariants:
+  no-secrets: {{description: d, check: {{type: not_contains, value: "password"}}}}
+"""
+    run = run_spec(project, source, spec_dir=tmp_path)
+    execution = run.executions.get()
+    assert execution.status == ExecutionStatus.ERROR
+    assert "could not be run" in execution.error or "unreachable" in execution.error
+    assert not execution.check_results.exists()
+    assert run.summary["matrix"][0]["status"] == "error"
+    assert run.exit_code == 1 and run.summary["verdict"] == "fail"
 
 
 def _docker_answers() -> bool:

@@ -101,6 +101,28 @@ def test_command_agent_nonzero_exit_is_failed(process_sandbox: Sandbox, workspac
     assert result.error is not None and "code 2" in result.error
 
 
+def test_command_agent_the_shell_cannot_find_never_ran(
+    process_sandbox: Sandbox, workspace: Path
+) -> None:
+    """`sh: ...: not found` (exit 127): the agent never started, so its status is `error`,
+    which no check may judge (a `not_contains` would have passed on its empty output)."""
+    result = _invoke(
+        {"type": "command", "command": "keystone-no-such-agent --serve"}, process_sandbox, workspace
+    )
+    assert result.status == "error" and result.exit_code == 127
+    assert result.error is not None
+    assert "could not be run" in result.error and "keystone-no-such-agent" in result.error
+
+
+def test_command_agent_that_is_not_executable_never_ran(
+    process_sandbox: Sandbox, workspace: Path
+) -> None:
+    (workspace / "agent.sh").write_text("#!/bin/sh\necho hi\n")  # mode 0644: no x bit
+    result = _invoke({"type": "command", "command": "./agent.sh"}, process_sandbox, workspace)
+    assert result.status == "error" and result.exit_code == 126
+    assert result.error is not None and "not executable" in result.error
+
+
 def test_hung_command_agent_times_out_on_the_stricter_timeout(
     process_sandbox: Sandbox, workspace: Path
 ) -> None:
@@ -474,15 +496,38 @@ def test_http_agent_server_error_is_failed(agent_server: _AgentServer, workspace
     assert result.error is not None and "HTTP 503" in result.error
 
 
-def test_http_agent_connection_refused_is_failed(workspace: Path) -> None:
+def test_http_agent_connection_refused_never_ran(workspace: Path) -> None:
+    """SPEC_FORMAT: an agent that could not be reached is `error`, never a verdict."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     result = _invoke(
         {"type": "http", "endpoint": f"http://127.0.0.1:{port}/"}, LocalSandbox(), workspace
     )
-    assert result.status == "failed"
+    assert result.status == "error"
     assert result.error is not None and "unreachable" in result.error
+
+
+def test_http_agent_that_drops_the_request_unanswered_failed(workspace: Path) -> None:
+    """Reached, then gone without an answer: the agent died on this prompt (`failed`)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        def drop_one() -> None:
+            connection, _ = server.accept()
+            with connection:
+                connection.recv(65536)  # the request arrived; close without a word
+
+        dropper = threading.Thread(target=drop_one)
+        dropper.start()
+        result = _invoke(
+            {"type": "http", "endpoint": f"http://127.0.0.1:{port}/"}, LocalSandbox(), workspace
+        )
+        dropper.join()
+    assert result.status == "failed"
+    assert result.error is not None and "without a whole answer" in result.error
 
 
 def test_http_agent_slow_answer_times_out(agent_server: _AgentServer, workspace: Path) -> None:
@@ -525,7 +570,9 @@ def test_stop_all_ends_a_waiting_http_agent_call_at_once(
     late = _invoke(
         {"type": "http", "endpoint": agent_server.url, "timeout": 60}, sandbox, workspace
     )
-    assert late.status == "failed" and time.monotonic() - started < 5
+    # Shut before its request went out: it never reached the agent (a cancelled run keeps
+    # no result of either call anyway).
+    assert late.status == "error" and time.monotonic() - started < 5
 
 
 def test_http_agent_missing_response_path_is_failed(
