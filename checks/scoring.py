@@ -190,8 +190,10 @@ def failure_reason(record: ExecutionRecord, composite: float, pass_threshold: fl
 
 def _error_reason(record: ExecutionRecord) -> str:
     errors = [r for r in record.results if r.is_error]
-    if record.status in NO_VERDICT_STATUSES or not errors:
-        said = (record.error or "").strip().splitlines()
+    said = (record.error or "").strip().splitlines()
+    # The execution's own error first; a stored execution marked `error` only because one
+    # of its checks could not finish (execution_record) has none, and the check says why.
+    if not errors or (record.status in NO_VERDICT_STATUSES and said):
         return f"execution {record.status}" + (f": {said[0][:200]}" if said else "")
     first = errors[0]
     return f"`{first.invariant_id}` could not be checked ({first.failure_code}): " + (

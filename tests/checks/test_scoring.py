@@ -1007,6 +1007,17 @@ def test_an_errored_execution_says_what_went_wrong() -> None:
     assert score_execution(broken).reason == "execution error: agent command exited with code 2"
 
 
+def test_an_execution_marked_error_by_its_check_names_the_check() -> None:
+    """Stored, an execution whose check could not finish is `error` with no error of its
+    own (execution_record): its reason was the bare "execution error"."""
+    crashed = result("tests_pass", False, code=FailureCode.CHECK_ERROR, check_type="custom")
+    crashed.message = "script crash.sh exited with code 1"
+    stored = record(results=[result("says_refund", True), crashed], status="error", error="")
+    assert score_execution(stored).reason == (
+        "`tests_pass` could not be checked (CHECK_ERROR): script crash.sh exited with code 1"
+    )
+
+
 def test_an_agent_that_cannot_be_imported_is_the_agents_error_not_exit_four() -> None:
     # issue 12, item 9: it fails its gates (exit 1) with the ModuleNotFoundError as the reason.
     unimportable = record(
