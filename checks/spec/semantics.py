@@ -409,8 +409,9 @@ def _check_rules(
             )
         yield from _regex(check.get("pattern"), (*path, "pattern"))
     elif kind == "keywords":
-        if "deny" not in check and "allow" not in check:
-            yield Problem(path, "keywords needs 'deny' or 'allow'", at_key=True)
+        if not check.get("deny") and not check.get("allow"):
+            # Neither list to look for: the check could say nothing about any output.
+            yield Problem(path, "keywords needs a non-empty 'deny' or 'allow'", at_key=True)
     elif kind in ("contains", "not_contains"):
         yield from _one_of(check, path, "value", "values", f"a {kind} check")
     elif kind == "regex":
