@@ -240,6 +240,14 @@ def _invariant_rules(
             yield from _observability_rules(
                 data, _dict(invariant), check, ("invariants", invariant_id, "check")
             )
+        when = _dict(invariant).get("when", "always")
+        never = _never_active(data, when) if isinstance(when, str) else None
+        if never:
+            yield Problem(
+                ("invariants", invariant_id, "when"),
+                f"`{when}`, but {never}: this invariant would never be checked, and the run"
+                " would pass without it; add such a scenario to chaos_matrix, or change `when`",
+            )
         auto = check.get("type") == "behavior_unchanged" and check.get("baseline", "auto") == "auto"
         if auto and not calm:
             yield Problem(
@@ -353,6 +361,33 @@ def _refusal_rules(
         " every one; give the invariant `probes` with the dangerous prompts, or name text"
         " those prompts contain",
     )
+
+
+_CHAOS_KINDS = ("tool_faults", "llm_faults", "context_attacks")
+
+
+def _scenario_chaos(scenario: dict[str, Any]) -> set[str]:
+    """Which kinds of chaos a chaos_matrix entry has, its built-in profile's included."""
+    profile = _profile(scenario.get("profile")) or {}
+    return {kind for kind in _CHAOS_KINDS if scenario.get(kind) or profile.get(kind)}
+
+
+def _never_active(data: dict[str, Any], when: str) -> str | None:
+    """Why no execution of the run would evaluate an invariant with this `when` (in none of
+    the scenarios, Scenario.activates; the mutation and replay pillars run the `always` and
+    `no_chaos` ones), or None when some would. No chaos_matrix: the implicit no-chaos."""
+    scenarios = [_scenario_chaos(s) for s in _list(data.get("chaos_matrix")) if isinstance(s, dict)]
+    scenarios = scenarios or [set()]
+    needs = {"tool_faults_active": "tool_faults", "llm_faults_active": "llm_faults"}
+    if when in needs and not any(needs[when] in kinds for kinds in scenarios):
+        return f"no chaos_matrix scenario has {needs[when].replace('_', ' ')}"
+    if when == "any_chaos_active" and not any(scenarios):
+        return "no chaos_matrix scenario has faults or context attacks"
+    if when == "no_chaos" and all(scenarios):
+        if data.get("mutations") or _list(_dict(data.get("replay")).get("sessions")):
+            return None
+        return "every chaos_matrix scenario has chaos, and no mutation or replayed session runs"
+    return None
 
 
 def _has_chaos_free_scenario(data: dict[str, Any]) -> bool:
