@@ -24,7 +24,11 @@ def evaluate_invariant(
         outcome = Outcome.error(
             f"check raised {type(exc).__name__}: {exc}", FailureCode.INTERNAL_ERROR
         )
-    if invariant.negate and outcome.failure_code not in _NOT_NEGATABLE:
+    # A check that does not apply here (a prompt that is not a dangerous one, no baseline
+    # yet) said nothing about the agent either way: negated, it still passes as not
+    # applicable, as "no verdict" (an error) stays no verdict.
+    applies = outcome.details.get("applicable") is not False
+    if invariant.negate and applies and outcome.failure_code not in _NOT_NEGATABLE:
         outcome = _negated(outcome, invariant)
     details = dict(outcome.details)
     details.setdefault("elapsed_ms", round((time.perf_counter() - started) * 1000, 3))

@@ -146,7 +146,10 @@ class DriftCheck(Check):
         if baseline is None or (reference and context.baseline_name is None):
             # KindLM: no baseline yet is not a failure, but it is flagged so nobody mistakes it.
             return Outcome.ok(
-                "no baseline output to compare with", flag="no_baseline", method=method
+                "no baseline output to compare with",
+                flag="no_baseline",
+                applicable=False,
+                method=method,
             )
         output = artifact.final_output or ""
         details: dict[str, Any] = {"method": method, "max_score": max_score}

@@ -84,7 +84,10 @@ class BehaviorUnchangedCheck(Check):
             # `active` or a baseline's name, resolved by the server to the matching cell.
             if context.baseline_output is None or context.baseline_name is None:
                 return Outcome.ok(
-                    "no baseline to compare with", flag="no_baseline", baseline=baseline
+                    "no baseline to compare with",
+                    flag="no_baseline",
+                    applicable=False,
+                    baseline=baseline,
                 )
             reference, against = context.baseline_output, f"the baseline {context.baseline_name}"
             kind = "stored"
