@@ -281,10 +281,11 @@ def _invoke_command(
             # The shell could not run the command it was given: the agent never started
             # (`error`, so that no check judges what it did not do).
             result.status = "error"
+            said = process.stderr.strip()[-500:]
             result.error = (
                 f"agent command could not be run: the shell exited with code "
-                f"{process.exit_code} ({_SHELL_COULD_NOT_RUN[process.exit_code]}): "
-                f"{process.stderr.strip()[-500:]}"
+                f"{process.exit_code} ({_SHELL_COULD_NOT_RUN[process.exit_code]})"
+                + (f": {said}" if said else "")
             )
         else:
             result.error = f"agent command exited with code {process.exit_code}"
