@@ -241,7 +241,7 @@ def _invariant_rules(
                 data, _dict(invariant), check, ("invariants", invariant_id, "check")
             )
         when = _dict(invariant).get("when", "always")
-        never = _never_active(data, when) if isinstance(when, str) else None
+        never = _never_active(data, when) if when != "always" and isinstance(when, str) else None
         if never:
             yield Problem(
                 ("invariants", invariant_id, "when"),
