@@ -209,6 +209,13 @@ def _gate_failed(result: CheckResult) -> bool:
     return result.gate and (result.score < 1.0 or not result.passed)
 
 
+def _error_of_its_checks(record: ExecutionRecord) -> bool:
+    """Stored as `error` only because some of its checks could not finish: the agent did
+    its task (services.recording.execution_record marks only a successful one so), and its
+    other results are verdicts. An execution whose agent never ran has no results at all."""
+    return record.status == "error" and any(r.is_error for r in record.results)
+
+
 def _execution_errored(record: ExecutionRecord) -> bool:
     """No trustworthy verdict: the harness, the provider or a check could not finish."""
     return record.status in NO_VERDICT_STATUSES or any(r.is_error for r in record.results)
@@ -390,7 +397,7 @@ def _cell(
                     passes.append(False)
                     errored = True
                 continue
-            if record.status in NO_VERDICT_STATUSES:
+            if record.status in NO_VERDICT_STATUSES and not _error_of_its_checks(record):
                 # The execution could not run (its model failed it, Keystone broke): what a
                 # check read off what it left is no verdict, and never a pass in a cell,
                 # whatever that check said (SPEC_FORMAT: never counted as a pass).

@@ -1071,3 +1071,23 @@ def test_a_calm_execution_that_passed_without_its_agent_finishing_is_warned_abou
         record(results=[result("says_refund", True)], prompt_index=1),
     ]
     assert not [w for w in score_run(spec, quiet).warnings if "did not finish" in w]
+
+
+def test_a_check_that_errored_leaves_the_other_invariants_of_its_execution_their_verdict() -> None:
+    """Stored, an execution whose check could not finish is `error` (execution_record); its
+    other invariants' cells read `error` too, though their checks gave a verdict."""
+    crashed = result("tests_pass", False, code=FailureCode.CHECK_ERROR, check_type="custom")
+    stored = record(results=[result("says_refund", True), crashed], status="error", error="")
+    spec = make_spec(
+        invariants={
+            "says_refund": {"description": "d", "check": {"type": "contains", "value": "r"}},
+            "tests_pass": {"description": "t", "check": {"type": "custom", "script": "t.sh"}},
+        }
+    )
+    cells = {c.invariant_id: c for c in score_run(spec, [stored]).matrix}
+    assert (cells["says_refund"].passed, cells["says_refund"].status) == (True, "pass")
+    assert (cells["tests_pass"].passed, cells["tests_pass"].status) == (False, "error")
+    # An execution that could not run gives no verdict in any cell, whatever its results.
+    provider = record(results=[result("says_refund", True)], status="provider_error", error="503")
+    [cell] = score_run(make_spec(), [provider]).matrix
+    assert (cell.passed, cell.status) == (False, "error")
