@@ -233,6 +233,7 @@ def _invariant_rules(
     data: dict[str, Any], services: dict[str, dict[str, Any]], spec_dir: Path | None
 ) -> Iterator[Problem]:
     calm = _has_chaos_free_scenario(data)
+    chaos = _scenarios_chaos(data)
     for invariant_id, invariant in _dict(data.get("invariants")).items():
         check = _dict(_dict(invariant).get("check"))
         if check:
@@ -241,7 +242,7 @@ def _invariant_rules(
                 data, _dict(invariant), check, ("invariants", invariant_id, "check")
             )
         when = _dict(invariant).get("when", "always")
-        never = _never_active(data, when) if when != "always" and isinstance(when, str) else None
+        never = _never_active(data, chaos, when) if isinstance(when, str) else None
         if never:
             yield Problem(
                 ("invariants", invariant_id, "when"),
@@ -372,12 +373,16 @@ def _scenario_chaos(scenario: dict[str, Any]) -> set[str]:
     return {kind for kind in _CHAOS_KINDS if scenario.get(kind) or profile.get(kind)}
 
 
-def _never_active(data: dict[str, Any], when: str) -> str | None:
+def _scenarios_chaos(data: dict[str, Any]) -> list[set[str]]:
+    """_scenario_chaos of each chaos_matrix entry; no chaos_matrix: the implicit no-chaos."""
+    entries = [s for s in _list(data.get("chaos_matrix")) if isinstance(s, dict)]
+    return [_scenario_chaos(s) for s in entries] or [set()]
+
+
+def _never_active(data: dict[str, Any], scenarios: list[set[str]], when: str) -> str | None:
     """Why no execution of the run would evaluate an invariant with this `when` (in none of
-    the scenarios, Scenario.activates; the mutation and replay pillars run the `always` and
-    `no_chaos` ones), or None when some would. No chaos_matrix: the implicit no-chaos."""
-    scenarios = [_scenario_chaos(s) for s in _list(data.get("chaos_matrix")) if isinstance(s, dict)]
-    scenarios = scenarios or [set()]
+    the `scenarios`, _scenarios_chaos, as Scenario.activates decides; the mutation and
+    replay pillars run the `always` and `no_chaos` ones), or None when some would."""
     needs = {"tool_faults_active": "tool_faults", "llm_faults_active": "llm_faults"}
     if when in needs and not any(needs[when] in kinds for kinds in scenarios):
         return f"no chaos_matrix scenario has {needs[when].replace('_', ' ')}"
