@@ -675,8 +675,9 @@ class CheckResult(models.Model):
 
     def to_engine(self, one_copy: Callable[[str], str] = str) -> EngineCheckResult:
         """Back to the engine's type, so scores can be recomputed from stored rows.
-        `one_copy`: what the texts go through (the details' keys and texts too), to keep one
-        copy of each text that repeats across many rows (selectors.records.OneCopy)."""
+        `one_copy`: what the texts go through (the details' keys and texts too): by default
+        `str`, which hands a text back as it is; selectors.records.OneCopy keeps one copy of
+        each text that repeats across many rows."""
         return EngineCheckResult(
             invariant_id=one_copy(self.invariant_id),
             check_type=one_copy(self.check_type),

@@ -329,6 +329,14 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A pool process whose peak resident memory went above this many KiB during a task (it
+# finalised a run of tens of thousands of executions, say) is replaced by a fresh one once
+# the task is done, instead of keeping that memory for the rest of the worker's life (Python
+# seldom hands freed memory back). A worker's process is ~90 MB after ordinary tasks.
+# 0 turns this off.
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("CELERY_WORKER_MAX_MEMORY_PER_CHILD", 200 * 1024)
+if CELERY_WORKER_MAX_MEMORY_PER_CHILD < 0:
+    raise ImproperlyConfigured("CELERY_WORKER_MAX_MEMORY_PER_CHILD must be 0 (off) or more KiB")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # One execution: setup + agent (default 600 s) + checks; the hard limit kills a stuck worker.
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 1800)

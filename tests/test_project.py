@@ -156,6 +156,14 @@ def test_malformed_boolean_is_reported_not_guessed(tmp_path: Path) -> None:
     assert "DEBUG='maybe' is not a boolean" in done.stderr
 
 
+def test_a_negative_memory_limit_for_pool_processes_is_refused(tmp_path: Path) -> None:
+    done = _settings_in_fresh_process(
+        KEYSTONE_HOME=str(tmp_path), CELERY_WORKER_MAX_MEMORY_PER_CHILD="-5"
+    )
+    assert done.returncode != 0
+    assert "CELERY_WORKER_MAX_MEMORY_PER_CHILD must be 0 (off) or more KiB" in done.stderr
+
+
 @pytest.mark.embedded
 @pytest.mark.django_db
 def test_health_endpoint_reaches_the_database(client: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -178,7 +179,10 @@ def start_worker(broker: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]
     workers: list[Worker] = []
     sessions_before = _other_sessions()
 
-    def start(name: str, lease_seconds: int = LEASE_SECONDS, slots: int = 64) -> Worker:
+    def start(
+        name: str, lease_seconds: int = LEASE_SECONDS, slots: int = 64, **settings: str
+    ) -> Worker:
+        """`settings`: more environment for the worker (its settings' variables)."""
         home = tmp_path / f"home-{name}"
         home.mkdir()
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
@@ -190,6 +194,7 @@ def start_worker(broker: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]
             KEYSTONE_EXECUTION_SLOTS=str(slots),
             DEBUG="true",
             PYTHONUNBUFFERED="1",
+            **settings,
         )
         log = tmp_path / f"worker-{name}.log"
         command = celery_worker_command(
@@ -418,3 +423,31 @@ def test_a_killed_pool_child_hands_its_execution_over_at_once(
     executions = list(Execution.objects.filter(run=run))
     assert all(e.status == ExecutionStatus.SUCCESS for e in executions), logs
     assert max(e.attempt for e in executions) >= 2, logs
+
+
+def test_a_pool_process_above_the_memory_limit_is_replaced_after_its_task(
+    start_worker: Callable[..., Worker],
+) -> None:
+    """A pool process whose peak memory went above CELERY_WORKER_MAX_MEMORY_PER_CHILD during
+    a task (finalising a large run, say) is replaced by a fresh one once the task is done,
+    and the run completes as usual. A limit of 1 MB, below any Python process: every pool
+    process is replaced after every task."""
+    worker = start_worker("recycled", slots=4, CELERY_WORKER_MAX_MEMORY_PER_CHILD="1024")
+    _wait_ready([worker])
+    first_children = set(_pool_children(worker.process.pid))  # two pool processes and beat
+    assert len(first_children) == 3, _logs([worker])
+
+    run = _wait_run(_queue_run(FAST_SPEC).pk, [worker], timeout=120)
+
+    logs = _logs([worker])
+    assert run.status == RunStatus.COMPLETED and run.exit_code == 0, logs
+    assert Counter(Execution.objects.filter(run=run).values_list("status", flat=True)) == {
+        ExecutionStatus.SUCCESS: 50
+    }, logs
+    assert set(_results_per_execution(run).values()) == {FAST_INVARIANTS}
+    # The plan, four messages of executions and the finalisation: a fresh process each
+    # (Celery numbers each pool process it starts: ForkPoolWorker-1, -2, ...).
+    pool_processes = set(re.findall(r"ForkPoolWorker-(\d+)\] Task evaluations", logs))
+    assert len(pool_processes) >= 6, logs
+    # Both pool processes of the start are gone; beat, which runs no task, stays.
+    assert len(first_children - set(_pool_children(worker.process.pid))) == 2, logs
