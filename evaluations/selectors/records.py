@@ -37,8 +37,8 @@ def run_records_with_rows(run: Run) -> list[tuple[ExecutionRecord, list[CheckRes
 class OneCopy(dict[str, str]):
     """One copy of each text that repeats across a run's rows. The database hands over a new
     string for every column of every row, and a run's results repeat the same few: invariant
-    ids, check types, severities, and mostly the same messages. Kept once, a run's records
-    take a third of the memory (10,000 executions x 10 invariants: 84 MB before)."""
+    ids, check types, severities, and mostly the same messages and details. Kept once, the
+    records of 10,000 executions x 10 invariants take 48 MB of heap instead of 84."""
 
     def __call__(self, text: str) -> str:
         return self.setdefault(text, text)
