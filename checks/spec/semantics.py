@@ -232,8 +232,8 @@ def _declared(services: dict[str, Any]) -> str:
 def _invariant_rules(
     data: dict[str, Any], services: dict[str, dict[str, Any]], spec_dir: Path | None
 ) -> Iterator[Problem]:
-    calm = _has_chaos_free_scenario(data)
     chaos = _scenarios_chaos(data)
+    calm = not all(chaos)  # some scenario runs without faults
     for invariant_id, invariant in _dict(data.get("invariants")).items():
         check = _dict(_dict(invariant).get("check"))
         if check:
@@ -393,16 +393,6 @@ def _never_active(data: dict[str, Any], scenarios: list[set[str]], when: str) ->
             return None
         return "every chaos_matrix scenario has chaos, and no mutation or replayed session runs"
     return None
-
-
-def _has_chaos_free_scenario(data: dict[str, Any]) -> bool:
-    """Whether some scenario runs without faults (no chaos_matrix: the implicit no-chaos)."""
-    scenarios = _list(data.get("chaos_matrix"))
-    return not scenarios or any(
-        isinstance(s, dict)
-        and not any(s.get(k) for k in ("tool_faults", "llm_faults", "context_attacks", "profile"))
-        for s in scenarios
-    )
 
 
 def _check_rules(
