@@ -251,19 +251,15 @@ def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(
     assert status == "cancelled" and left == 0
 
 
-def _python_children(pid: int) -> list[int]:
-    """The pids of `pid`'s child processes that run Python (not its agents' shells)."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            stat = (entry / "stat").read_text()
-            name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-            if parent == pid and name.startswith("python"):
-                children.append(int(entry.name))
-    return children
+def _forked_processes(database: Path, parent: int) -> list[int]:
+    """The pids of the processes other than `parent` that hold a running execution, as their
+    claims name them (`cli:PID`). Not read from /proc: an agent being started is a child
+    named python too until its exec has loaded the agent's program."""
+    with sqlite3.connect(database) as db:
+        claims = db.execute(
+            "SELECT DISTINCT claimed_by FROM evaluations_execution WHERE status = 'running'"
+        ).fetchall()
+    return [int(claim.removeprefix("cli:")) for (claim,) in claims if claim != f"cli:{parent}"]
 
 
 @pytest.mark.embedded
@@ -275,7 +271,7 @@ def test_a_killed_execution_process_fails_the_run_at_once_and_says_so(tmp_path: 
     import signal
 
     process, database = _two_agents_running(tmp_path)  # one in each process
-    [child] = _python_children(process.pid)
+    [child] = _forked_processes(database, process.pid)
     os.kill(child, signal.SIGKILL)
     # Not the agents' 120 s, nor the next lease round (20 s): the parent's agent stops at once.
     _, err = process.communicate(timeout=15)
