@@ -7,12 +7,15 @@ leaked); a member whose role is too low for an action gets a 403.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
-from django.shortcuts import get_object_or_404
 
-from evaluations.models import ROLE_RANK, Project, Role
+from evaluations.models import ROLE_RANK, Project, Role, Spec
+
+# The one answer for a project someone may not see, whether it exists or not.
+NO_SUCH_PROJECT = "No such project."
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +41,27 @@ class ProjectAccess:
         return self.allows(Role.ADMIN)
 
 
+def member_project(slug: str, user: Any) -> tuple[Project, Role]:
+    """The project named by `slug` and `user`'s role there, if they are a member. A project
+    that does not exist and one they are not a member of get the same 404, word for word."""
+    project = Project.objects.filter(slug=slug).first()
+    role = project.role_of(user) if project is not None else None
+    if project is None or role is None:
+        raise Http404(NO_SUCH_PROJECT)
+    return project, role
+
+
+def spec_in(project: Project, slug: str) -> Spec:
+    """The project's spec named by `slug`, or a 404 that names it."""
+    spec = Spec.objects.filter(project=project, slug=slug).first()
+    if spec is None:
+        raise Http404(f"No spec {slug!r} in this project.")
+    return spec
+
+
 def project_for(request: HttpRequest, slug: str, minimum: Role = Role.VIEWER) -> ProjectAccess:
     """The project named by `slug` if the signed-in user is a member with at least `minimum`."""
-    project = get_object_or_404(Project, slug=slug)
-    role = project.role_of(request.user)
-    if role is None:
-        raise Http404("No such project.")
+    project, role = member_project(slug, request.user)
     access = ProjectAccess(project=project, role=role)
     if not access.allows(minimum):
         raise PermissionDenied(f"This needs the {minimum.label.lower()} role in {project.name}.")

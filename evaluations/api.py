@@ -24,7 +24,6 @@ from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
@@ -34,6 +33,7 @@ from ninja.throttling import BaseThrottle
 from checks import reporters
 from checks.spec.semantics import too_long
 from evaluations import policy, selectors, services
+from evaluations.access import NO_SUCH_PROJECT, member_project, spec_in
 from evaluations.models import (
     ROLE_RANK,
     ApiToken,
@@ -41,7 +41,6 @@ from evaluations.models import (
     Role,
     Run,
     RunStatus,
-    Spec,
     SpecVersion,
     TokenScope,
     Trigger,
@@ -162,17 +161,14 @@ def require_scope(credential: Any, scope: str) -> None:
 def _caller(request: HttpRequest, slug: str, minimum: Role) -> Caller:
     credential = request.auth  # type: ignore[attr-defined]
     user: Any
-    if isinstance(credential, ApiToken) and credential.project is not None:
+    if isinstance(credential, ApiToken):
         # A project token reaches its own project only: another is as unknown as a missing one.
-        if credential.project.slug != slug:
-            raise Http404("No such project.")
-        project, user = credential.project, credential.user
-    else:  # a personal token or a session: the person's projects
-        project = get_object_or_404(Project, slug=slug)
-        user = credential.user if isinstance(credential, ApiToken) else request.user
-    role = project.role_of(user)
-    if role is None:
-        raise Http404("No such project.")
+        if credential.project is not None and credential.project.slug != slug:
+            raise Http404(NO_SUCH_PROJECT)
+        user = credential.user
+    else:  # a session
+        user = request.user
+    project, role = member_project(slug, user)
     if ROLE_RANK[role] < ROLE_RANK[minimum]:
         raise PermissionDenied(f"This needs the {minimum.label.lower()} role in {project.slug}.")
     require_scope(credential, SCOPE_FOR_ROLE[minimum])
@@ -280,7 +276,7 @@ def run_start(
     `Idempotency-Key` header a retried request gets the run the first one made, never a
     second run; the same key with another body is a 409."""
     caller = _caller(request, slug, Role.EDITOR)
-    spec = get_object_or_404(Spec, project=caller.project, slug=spec_slug)
+    spec = spec_in(caller.project, spec_slug)
     if payload.version is not None:
         version = SpecVersion.objects.filter(spec=spec, number=payload.version).first()
         if version is None:

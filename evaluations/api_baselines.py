@@ -7,12 +7,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.http import HttpRequest
-from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
 from evaluations import selectors, services
+from evaluations.access import spec_in
 from evaluations.api import ApiInputError, BrowserSession, ProjectTokenAuth, _caller, _run
-from evaluations.models import Baseline, Role, Spec
+from evaluations.models import Baseline, Role
 
 router = Router(tags=["baselines"], auth=[ProjectTokenAuth(), BrowserSession()])
 
@@ -93,7 +93,7 @@ def baseline_promote(
 def baseline_history(request: HttpRequest, slug: str, spec_slug: str) -> list[BaselineOut]:
     """Every promotion of the spec, newest first (active, replaced or rolled back)."""
     caller = _caller(request, slug, Role.VIEWER)
-    spec = get_object_or_404(Spec, project=caller.project, slug=spec_slug)
+    spec = spec_in(caller.project, spec_slug)
     return [_out(b, spec.slug) for b in selectors.spec_baseline_history(spec.pk)]
 
 
@@ -107,7 +107,7 @@ def baseline_rollback(
 ) -> BaselineOut:
     """Undo the branch's last promotion; answers the baseline that is active again."""
     caller = _caller(request, slug, Role.EDITOR)
-    spec = get_object_or_404(Spec, project=caller.project, slug=spec_slug)
+    spec = spec_in(caller.project, spec_slug)
     try:
         restored = services.baseline_rollback(
             spec_id=spec.pk, branch=payload.branch, user=caller.user

@@ -7,13 +7,13 @@ from datetime import datetime
 from typing import Any
 
 from django.http import Http404, HttpRequest
-from django.shortcuts import get_object_or_404
 from ninja import Field, Query, Schema
 
 from checks.spec import validate_spec_text
 from evaluations import policy, selectors
+from evaluations.access import spec_in
 from evaluations.api import ApiInputError, RowId, _caller, router
-from evaluations.models import Role, Spec, SpecVersion
+from evaluations.models import Role, SpecVersion
 from evaluations.views.specs import unified_diff
 
 
@@ -97,7 +97,7 @@ class SpecVersionOut(Schema):
 def spec_versions(request: HttpRequest, slug: str, spec_slug: str) -> list[SpecVersionOut]:
     """The spec's versions, newest first (no text)."""
     caller = _caller(request, slug, Role.VIEWER)
-    spec = get_object_or_404(Spec, project=caller.project, slug=spec_slug)
+    spec = spec_in(caller.project, spec_slug)
     return [
         SpecVersionOut(
             number=row["number"],
@@ -162,7 +162,7 @@ def spec_diff(
 ) -> SpecDiffOut:
     """The unified diff of version `a` against version `b`."""
     caller = _caller(request, slug, Role.VIEWER)
-    spec = get_object_or_404(Spec, project=caller.project, slug=spec_slug)
+    spec = spec_in(caller.project, spec_slug)
     texts = selectors.spec_version_texts(spec, [query.a, query.b])
     for name, number in (("a", query.a), ("b", query.b)):
         if number not in texts:

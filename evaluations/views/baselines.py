@@ -6,18 +6,18 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from evaluations import selectors, services
-from evaluations.access import project_for
-from evaluations.models import Role, Spec
+from evaluations.access import project_for, spec_in
+from evaluations.models import Role
 
 
 @login_required
 def spec_baselines(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpResponse:
     access = project_for(request, project_slug)
-    spec = get_object_or_404(Spec, project=access.project, slug=spec_slug)
+    spec = spec_in(access.project, spec_slug)
     history = selectors.spec_baseline_history(spec.pk)
     active = [b for b in history if b.active]
     context = {"access": access, "spec": spec, "history": history, "active": active}
@@ -28,7 +28,7 @@ def spec_baselines(request: HttpRequest, project_slug: str, spec_slug: str) -> H
 @require_POST
 def spec_baseline_rollback(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpResponse:
     access = project_for(request, project_slug, Role.EDITOR)
-    spec = get_object_or_404(Spec, project=access.project, slug=spec_slug)
+    spec = spec_in(access.project, spec_slug)
     branch = request.POST.get("branch", "")
     try:
         restored = services.baseline_rollback(spec_id=spec.pk, branch=branch, user=request.user)

@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.template.defaultfilters import truncatechars
 from django.urls import reverse
 from django.utils import timezone
@@ -33,7 +33,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from evaluations import charts, selectors, services
-from evaluations.access import ProjectAccess, project_for
+from evaluations.access import ProjectAccess, project_for, spec_in
 from evaluations.markup import escape
 from evaluations.models import CheckResult, ReviewItem, ReviewStatus, ReviewVerdict, Role, Spec
 from evaluations.numbers import whole_number
@@ -204,7 +204,7 @@ def _start_reviewing(request: HttpRequest, project_slug: str) -> HttpResponse:
 
 
 def _item_or_404(access: ProjectAccess, item_id: int) -> ReviewItem:
-    return get_object_or_404(
+    item = (
         ReviewItem.objects.select_related(
             "run__spec_version",
             "spec",
@@ -215,10 +215,13 @@ def _item_or_404(access: ProjectAccess, item_id: int) -> ReviewItem:
         )
         # The page reads the run's spec version only: not its summary (~60 kB of JSON
         # the database decompresses and Python decodes).
-        .defer("run__summary"),
-        project=access.project,
-        pk=item_id,
+        .defer("run__summary")
+        .filter(project=access.project, pk=item_id)
+        .first()
     )
+    if item is None:
+        raise Http404("No such review item in this project.")
+    return item
 
 
 def _reveal(access: ProjectAccess, user: Any, item_id: Any) -> dict[str, Any] | None:
@@ -429,7 +432,7 @@ def _group_label(row: selectors.AgreementRow) -> str:
 def agreement(request: HttpRequest, project_slug: str) -> HttpResponse:
     access = project_for(request, project_slug)
     spec_slug = request.GET.get("spec", "").strip()
-    spec = get_object_or_404(Spec, project=access.project, slug=spec_slug) if spec_slug else None
+    spec = spec_in(access.project, spec_slug) if spec_slug else None
     rows = selectors.review_agreement(access.project, spec=spec)
     kappa_series = [
         charts.Series(
@@ -485,7 +488,9 @@ def agreement(request: HttpRequest, project_slug: str) -> HttpResponse:
 @require_POST
 def send_to_review(request: HttpRequest, project_slug: str, result_id: int) -> HttpResponse:
     access = project_for(request, project_slug, Role.REVIEWER)
-    result = get_object_or_404(CheckResult, pk=result_id, run__project=access.project)
+    result = CheckResult.objects.filter(pk=result_id, run__project=access.project).first()
+    if result is None:
+        raise Http404("No such check result in this project.")
     review_item = services.review_send(result_id=result.pk, user=request.user)
     item_url = reverse("review_item", args=[access.project.slug, review_item.pk])
     if is_htmx(request):

@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
@@ -20,7 +20,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from checks.spec import SpecError, SpecValidationError, validate_spec_text
 from checks.spec.loader import load_yaml
 from evaluations import charts, selectors, services
-from evaluations.access import ProjectAccess, project_for
+from evaluations.access import ProjectAccess, project_for, spec_in
 from evaluations.markup import escape
 from evaluations.models import Role, Run, Spec, SpecVersion, Trigger
 from evaluations.numbers import whole_number
@@ -50,7 +50,7 @@ INVARIANT_LINES_MAX = 12  # lines in the per-invariant chart; the table has them
 
 def _spec(access: ProjectAccess, spec_slug: str) -> Spec:
     # Scoped to the project: another project's spec is a 404 like one that doesn't exist.
-    return get_object_or_404(Spec, project=access.project, slug=spec_slug)
+    return spec_in(access.project, spec_slug)
 
 
 # --- List and detail ----------------------------------------------------------------------
@@ -63,7 +63,10 @@ def spec_version_download(
     """One version's text exactly as stored, saved as <spec>.yaml: the file the execution
     page's reproduce command runs."""
     access = project_for(request, project_slug)
-    version = get_object_or_404(SpecVersion, spec=_spec(access, spec_slug), number=number)
+    spec = _spec(access, spec_slug)
+    version = SpecVersion.objects.filter(spec=spec, number=number).first()
+    if version is None:
+        raise Http404(f"{spec.slug} has no version {number}.")
     response = HttpResponse(version.source_yaml, content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{spec_slug}.yaml"'
     return response

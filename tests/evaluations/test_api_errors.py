@@ -72,7 +72,14 @@ def test_404_for_unknown_project_run_and_spec(project: Project, bearer: Any) -> 
     headers = bearer("editor")
     _error(Client().get("/api/projects/elsewhere/runs", **headers), 404, "not_found")
     _error(Client().get("/api/projects/demo/runs/424242", **headers), 404, "not_found")
-    _error(_post("/api/projects/demo/specs/nope/runs", {}, headers), 404, "not_found")
+    missing_spec = _error(
+        _post("/api/projects/demo/specs/nope/runs", {}, headers), 404, "not_found"
+    )
+    # Names what is missing (it was Django's "No Spec matches the given query.").
+    assert missing_spec["message"] == "No spec 'nope' in this project."
+    for url in ("specs/nope/versions", "specs/nope/baselines", "specs/nope/diff?a=1&b=2"):
+        error = _error(Client().get(f"/api/projects/demo/{url}", **headers), 404, "not_found")
+        assert error["message"] == "No spec 'nope' in this project.", url
 
 
 def test_422_schema_errors_name_the_field(project: Project, bearer: Any) -> None:

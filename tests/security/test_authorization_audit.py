@@ -107,3 +107,31 @@ def test_a_token_cannot_mint_a_project_token_with_a_scope_it_lacks(
         "admin",
     ]
     assert not project.api_tokens.filter(name="ci").exists()
+
+
+def test_a_project_someone_is_not_in_is_answered_like_one_that_does_not_exist(
+    project: Project, django_user_model: Any
+) -> None:
+    """Someone who is not a member must not learn whether a project exists (evaluations/
+    access.py). Pages and the API answered "No such project." for a project that exists and
+    Django's "No Project matches the given query." for one that does not, so anyone signed
+    in, or holding any personal token, could tell which project slugs exist."""
+    spec_in(project)
+    outsider = django_user_model.objects.create_user(username="olga", password="pw-1234567")
+    browser = Client()
+    browser.force_login(outsider)
+    _, raw = services.personal_token_issue(user=outsider, name="laptop")
+    token = Client()
+    pages = ("/p/{}/", "/p/{}/runs/", "/p/{}/specs/", "/p/{}/review/", "/p/{}/members/")
+    for url in pages:
+        existing = browser.get(url.format(project.slug))
+        missing = browser.get(url.format("no-such-project"))
+        assert existing.status_code == missing.status_code == 404, url
+        assert existing.context["exception"] == missing.context["exception"] == "No such project."
+    endpoints = ("/api/projects/{}/runs", "/api/projects/{}/specs", "/api/projects/{}/reviews")
+    for url in endpoints:
+        for client, headers in ((browser, {}), (token, _bearer(raw))):
+            existing = client.get(url.format(project.slug), **headers)
+            missing = client.get(url.format("no-such-project"), **headers)
+            assert existing.status_code == missing.status_code == 404, url
+            assert existing.json() == missing.json(), url

@@ -112,9 +112,13 @@ def test_items_of_another_project_are_not_found(
     theirs = make_world(two_projects.other, scores=(0.5,))
     client = client_as("admin")
     other_item = items(theirs)[0]
-    assert client.get(url("review_item", other_item.pk)).status_code == 404
+    page = client.get(url("review_item", other_item.pk))
+    assert page.status_code == 404
+    assert page.context["exception"] == "No such review item in this project."
     assert client.post(url("review_item", other_item.pk), {"verdict": "pass"}).status_code == 404
-    assert client.post(url("review_send", other_item.check_result_id)).status_code == 404
+    sent = client.post(url("review_send", other_item.check_result_id))
+    assert sent.status_code == 404
+    assert sent.context["exception"] == "No such check result in this project."
 
 
 # --- The queue ------------------------------------------------------------------------------

@@ -745,6 +745,9 @@ def test_another_projects_spec_is_a_404(
     if name not in ("spec_list", "spec_new", "spec_validate"):  # a spec in the URL
         # Like a spec that does not exist; a role too low is refused before any lookup.
         assert through_mine.status_code == (404 if RANK[role] >= RANK[minimum] else 403)
+        if through_mine.status_code == 404 and method == "get":
+            # The same words as for a spec that does not exist, naming the one asked for.
+            assert through_mine.context["exception"] == "No spec 'secret-agent' in this project."
     assert not Run.objects.exists()
     assert not Spec.objects.filter(project=two_projects.other).exclude(slug="secret-agent").exists()
 
