@@ -151,7 +151,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except SpecValidationError as exc:
         for error in exc.errors:
             print(f"{spec_path}: {error}", file=sys.stderr)
-        print(f"{spec_path}: invalid ({len(exc.errors)} errors); nothing was run", file=sys.stderr)
+        count = len(exc.errors)
+        print(
+            f"{spec_path}: invalid ({count} error{'s' if count != 1 else ''}); nothing was run",
+            file=sys.stderr,
+        )
         return EXIT_SPEC_INVALID
     try:
         labels = cli_labels(args.label or [])
@@ -674,7 +678,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         threads = args.concurrency or default_jobs()
         print(
             f"keystone worker: no CELERY_BROKER_URL; polling the database for work "
-            f"({threads} executions at a time)"
+            f"({threads} execution{'s' if threads != 1 else ''} at a time)"
         )
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())

@@ -341,5 +341,5 @@ def test_cli_invalid_spec_exits_2_with_line_and_column(tmp_path: Path) -> None:
     assert result.returncode == 2, _describe(result)
     assert "unknown check type 'containz'" in result.stderr
     assert "line 9, col 19" in result.stderr
-    assert "nothing was run" in result.stderr
+    assert "typo-check-type.yaml: invalid (1 error); nothing was run" in result.stderr
     assert not json_path.exists()
