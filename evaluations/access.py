@@ -52,7 +52,8 @@ def member_project(slug: str, user: Any) -> tuple[Project, Role]:
 
 
 def spec_in(project: Project, slug: str) -> Spec:
-    """The project's spec named by `slug`, or a 404 that names it."""
+    """The project's spec named by `slug`, or a 404 that names it (another project's spec
+    is one that does not exist here)."""
     spec = Spec.objects.filter(project=project, slug=slug).first()
     if spec is None:
         raise Http404(f"No spec {slug!r} in this project.")

@@ -48,11 +48,6 @@ RUN_REPLICAS_MAX = 100
 INVARIANT_LINES_MAX = 12  # lines in the per-invariant chart; the table has them all
 
 
-def _spec(access: ProjectAccess, spec_slug: str) -> Spec:
-    # Scoped to the project: another project's spec is a 404 like one that doesn't exist.
-    return spec_in(access.project, spec_slug)
-
-
 # --- List and detail ----------------------------------------------------------------------
 
 
@@ -63,7 +58,7 @@ def spec_version_download(
     """One version's text exactly as stored, saved as <spec>.yaml: the file the execution
     page's reproduce command runs."""
     access = project_for(request, project_slug)
-    spec = _spec(access, spec_slug)
+    spec = spec_in(access.project, spec_slug)
     version = SpecVersion.objects.filter(spec=spec, number=number).first()
     if version is None:
         raise Http404(f"{spec.slug} has no version {number}.")
@@ -121,7 +116,7 @@ def spec_detail(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
     """Versions, the latest YAML, diffs, the spec's runs and the "Run" form. An htmx request
     gets the runs table."""
     access = project_for(request, project_slug)
-    spec = _spec(access, spec_slug)
+    spec = spec_in(access.project, spec_slug)
     context = _detail_context(access, spec)
     return render(request, page_or_region(request, "specs/detail.html", "spec-runs"), context)
 
@@ -173,7 +168,7 @@ def spec_diff(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpRe
     """Unified diff of version `a` against version `b` (?a=1&b=2; by default the latest
     against the one before). A number that is no version of this spec is a 404."""
     access = project_for(request, project_slug)
-    spec = _spec(access, spec_slug)
+    spec = spec_in(access.project, spec_slug)
     versions = selectors.spec_versions(spec)
     context: dict[str, Any] = {"access": access, "spec": spec, "versions": versions}
     try:
@@ -265,7 +260,7 @@ def spec_edit(
     """A new spec, or a new version of this one: upload a file or edit the YAML here. An
     invalid text is shown again with every error at its line; nothing is stored."""
     access = project_for(request, project_slug, Role.EDITOR)
-    spec = _spec(access, spec_slug) if spec_slug else None
+    spec = spec_in(access.project, spec_slug) if spec_slug else None
     latest = selectors.spec_latest_version(spec) if spec else None
     errors: list[SpecError] = []
     status = 200
@@ -335,7 +330,7 @@ def spec_validate(request: HttpRequest, project_slug: str) -> HttpResponse:
     column and YAML path, or "valid"."""
     access = project_for(request, project_slug, Role.EDITOR)
     expected = request.POST.get("spec", "").strip()
-    spec = _spec(access, expected) if expected else None
+    spec = spec_in(access.project, expected) if expected else None
     source = _normalise(request.POST.get("source", ""))
     context = {
         "access": access,
@@ -377,7 +372,7 @@ def spec_run(request: HttpRequest, project_slug: str, spec_slug: str) -> HttpRes
     """Start a run of the spec (its latest version, or the one chosen) with overrides:
     replicas, a subset of the chaos_matrix scenarios, labels. Then go to the run's page."""
     access = project_for(request, project_slug, Role.EDITOR)
-    spec = _spec(access, spec_slug)
+    spec = spec_in(access.project, spec_slug)
     form = _read_run_form(request)
     errors: list[str] = []
     version = None
@@ -469,7 +464,7 @@ def spec_trends(request: HttpRequest, project_slug: str, spec_slug: str) -> Http
     TREND_RUNS completed runs, and each invariant's pass rate; filter by branch and label.
     An htmx request (the filter form) gets the charts and table only."""
     access = project_for(request, project_slug)
-    spec = _spec(access, spec_slug)
+    spec = spec_in(access.project, spec_slug)
     branch = request.GET.get("branch", "").strip()
     label_text = request.GET.get("label", "").strip()
     error = ""
