@@ -264,56 +264,63 @@ def _run_in_process(
 
     from evaluations import services
 
-    execution_ids = services.run_plan(run_id=run_id)
-    total = len(execution_ids)
-    jobs = max(1, min(jobs, total))
-    processes = min(processes, jobs)
-    if processes > 1:
-        # Imported once before forking (what this run's spec needs): each forked process
-        # inherits it instead of importing it again (~0.1 s of CPU each).
-        from evaluations.services.executions import execution_modules_import
-
-        execution_modules_import(spec)
-    # The jobs shared out: this process's threads first, then each forked process's.
-    threads = [jobs // processes + (index < jobs % processes) for index in range(processes)]
-    context = multiprocessing.get_context("fork")
-    work = _SharedWork(
-        run_id, execution_ids, context.Value("i", 0), context.Event(), _Outcomes(context)
-    )
-    connections.close_all()  # a forked process must not share this process's connections
-    children = [
-        context.Process(target=_execute_in_child, args=(work, count), daemon=True)
-        for count in threads[1:]
-    ]
-    for child in children:
-        child.start()
-    own = [threading.Thread(target=work.execute_until_done) for _ in range(threads[0])]
-    for thread in own:
-        thread.start()
+    work: _SharedWork | None = None
+    children: list[Any] = []
+    own: list[threading.Thread] = []
+    # Everything from planning on inside the try: a Ctrl-C at any moment (planning, forking,
+    # starting the threads) cancels the run, which no one else would finish.
     try:
+        execution_ids = services.run_plan(run_id=run_id)
+        total = len(execution_ids)
+        jobs = max(1, min(jobs, total))
+        processes = min(processes, jobs)
+        if processes > 1:
+            # Imported once before forking (what this run's spec needs): each forked process
+            # inherits it instead of importing it again (~0.1 s of CPU each).
+            from evaluations.services.executions import execution_modules_import
+
+            execution_modules_import(spec)
+        # The jobs shared out: this process's threads first, then each forked process's.
+        threads = [jobs // processes + (index < jobs % processes) for index in range(processes)]
+        context = multiprocessing.get_context("fork")
+        work = _SharedWork(
+            run_id, execution_ids, context.Value("i", 0), context.Event(), _Outcomes(context)
+        )
+        connections.close_all()  # a forked process must not share this process's connections
+        children = [
+            context.Process(target=_execute_in_child, args=(work, count), daemon=True)
+            for count in threads[1:]
+        ]
+        own = [threading.Thread(target=work.execute_until_done) for _ in range(threads[0])]
+        for child in children:
+            child.start()
+        for thread in own:
+            thread.start()
         for done in range(1, total + 1):
             outcome = work.finished.get(children)
             if isinstance(outcome, BaseException):
                 raise outcome
             progress.step(done, total, outcome)
     except BaseException:
-        # Ctrl-C or an error (a thread's, or a forked process that died): cancel the run,
-        # which no one else would finish, and start nothing more. The lease rounds stop the
-        # running executions' sandboxes, so the threads end without waiting for their agents:
-        # at once, not at the next round, in this process and (once they see `stopping`,
-        # _execute_in_child) in the forked ones.
+        # Ctrl-C or an error (a thread's, or a forked process that died): cancel the run and
+        # start nothing more. The lease rounds stop the running executions' sandboxes, so the
+        # threads end without waiting for their agents: at once, not at the next round, in
+        # this process and (once they see `stopping`, _execute_in_child) in the forked ones.
         try:
             services.run_cancel(run_id=run_id)
         finally:
-            work.stopping.set()
+            if work is not None:
+                work.stopping.set()
         services.execution_leases_renew_now()
         _record_dead_children(run_id, children)
         raise
     finally:
         for thread in own:
-            thread.join()
+            if thread.ident is not None:  # started
+                thread.join()
         for child in children:
-            child.join()
+            if child.pid is not None:  # started
+                child.join()
     services.run_finalize_if_done(run_id=run_id)
     progress.finish()
 

@@ -251,6 +251,74 @@ def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(
     assert status == "cancelled" and left == 0
 
 
+# `keystone run` with a real SIGINT sent to itself at one moment of its start (sys.argv[1]):
+# `planned`, once the run is planned, before anything is forked (multiprocessing.get_context
+# wrapped to send it), or `threads`, just after it has started the thread that runs its
+# executions (Thread.start wrapped). A user's Ctrl-C hits there when it comes as a run begins.
+INTERRUPT_AT = """
+import multiprocessing, os, signal, sys, threading
+
+moment, parent = sys.argv.pop(1), os.getpid()
+get_context, start = multiprocessing.get_context, threading.Thread.start
+
+
+def interrupt():
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def get_context_then_interrupt(*args):
+    context = get_context(*args)
+    if moment == "planned":
+        interrupt()
+    return context
+
+
+def start_then_interrupt(thread):
+    start(thread)
+    if moment == "threads" and os.getpid() == parent:
+        if thread._target.__name__ == "execute_until_done":
+            interrupt()
+
+
+multiprocessing.get_context = get_context_then_interrupt
+threading.Thread.start = start_then_interrupt
+from evaluations.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.embedded
+@pytest.mark.parametrize("moment", ["planned", "threads"])
+def test_ctrl_c_as_the_run_begins_cancels_it_too(tmp_path: Path, moment: str) -> None:
+    """The interrupt came before the code that cancels the run: the command said
+    "interrupted", then waited at exit for its thread's agent (120 s) or left nothing
+    running at all, and in both cases left the run unfinished for good, with executions no
+    one would run."""
+    home = tmp_path / "home"
+    spec = tmp_path / "slow.yaml"
+    spec.write_text(SLOW_AGENT)
+    wrapper = tmp_path / "interrupt.py"
+    wrapper.write_text(INTERRUPT_AT)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(wrapper), moment, "run", str(spec), "--jobs", "2"],
+        cwd=REPO_ROOT,
+        env={**embedded_env(home), "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert time.monotonic() - started < 60, "the command waited for its agents"
+    assert done.returncode == 4 and "interrupted" in done.stderr, done.stderr
+    with sqlite3.connect(home / "keystone.sqlite3") as db:
+        status = db.execute("SELECT status FROM evaluations_run").fetchone()[0]
+        left = db.execute(
+            "SELECT COUNT(*) FROM evaluations_execution WHERE status IN ('pending', 'running')"
+        ).fetchone()[0]
+    assert status == "cancelled" and left == 0
+
+
 def _forked_processes(database: Path, parent: int) -> list[int]:
     """The pids of the processes other than `parent` that hold a running execution, as their
     claims name them (`cli:PID`). Not read from /proc: an agent being started is a child
