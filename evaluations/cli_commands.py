@@ -214,7 +214,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     else:
         timeout = args.timeout or _default_timeout(run.pk)
-        if not _run_on_workers(run.pk, progress, deadline=time.monotonic() + timeout):
+        try:
+            finished = _run_on_workers(run.pk, progress, deadline=time.monotonic() + timeout)
+        except KeyboardInterrupt:  # Ctrl-C: the run is cancelled, as when it runs here
+            services.run_cancel(run_id=run.pk)
+            raise
+        if not finished:
             services.run_cancel(run_id=run.pk)
             print(
                 f"keystone run: run {run.pk} did not finish within {timeout:g} s; it was "

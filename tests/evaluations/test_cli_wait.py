@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection
 
 from evaluations.models import Run, RunStatus
-from tests.cli_helpers import run_keystone
+from tests.cli_helpers import REPO_ROOT, run_keystone
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -48,6 +48,48 @@ def test_keystone_run_gives_up_at_its_timeout_and_cancels_the_run(
     done = run_keystone("run", str(spec), "--timeout", "3", env=env, timeout=120)
     assert done.returncode == 4, done.stderr
     assert "did not finish within 3 s; it was cancelled" in done.stderr
+    assert Run.objects.get().status == RunStatus.CANCELLED
+
+
+def test_ctrl_c_while_keystone_run_follows_the_workers_cancels_the_run(
+    tmp_path: Path, test_redis_url: str
+) -> None:
+    """Ctrl-C cancels the run when it runs in `keystone run`'s own processes, and with
+    --remote; handed to the workers, it left the run to go on (here: pending for good)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if connection.vendor != "postgresql":
+        pytest.fail("this test shares the test database with a subprocess: run it on PostgreSQL")
+    database = urlsplit(os.environ["DATABASE_URL"])
+    database_url = urlunsplit(database._replace(path="/" + settings.DATABASES["default"]["NAME"]))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(
+        DATABASE_URL=database_url,
+        CELERY_BROKER_URL=test_redis_url.rsplit("/", 1)[0] + "/13",  # no worker listens
+        KEYSTONE_HOME=str(tmp_path / "home"),
+        NO_COLOR="1",
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--timeout", "300"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not Run.objects.exists():  # handed to the workers: the command now follows it
+        assert time.monotonic() < deadline and process.poll() is None, "no run was made"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 4 and "interrupted" in err, err
     assert Run.objects.get().status == RunStatus.CANCELLED
 
 
