@@ -470,10 +470,18 @@ def _execute_in_child(work: _SharedWork, threads: int) -> None:
     # inherited from the parent, which are the parent's to run.
     atexit._clear()
 
+    parent = os.getppid()
+
     def stop_agents_once_stopping() -> None:  # set once the run is cancelled
         # Polled, not wait(): the parent's set() waits for every waiter to wake, forever
         # for one in a process that was killed.
         while not work.stopping.is_set():
+            if os.getppid() != parent:
+                # The command was killed (the OOM killer, kill -9): no one is left to report
+                # this process's executions, nor to finish the run.
+                services.run_cancel(run_id=work.run_id)
+                work.stopping.set()
+                break
             time.sleep(0.25)
         services.execution_leases_renew_now()
 

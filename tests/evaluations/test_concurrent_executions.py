@@ -355,6 +355,40 @@ def test_a_killed_execution_process_fails_the_run_at_once_and_says_so(tmp_path: 
     assert errors.count("the process running it ended with exit code -9") == 1, errors
 
 
+@pytest.mark.embedded
+def test_a_forked_process_whose_command_was_killed_cancels_the_run_and_ends(
+    tmp_path: Path,
+) -> None:
+    """The other way round: `keystone run` itself killed (the OOM killer, kill -9), its
+    forked process went on with its agent and took the next executions, with no one to
+    report them; the run stayed `running`."""
+    process, database = _two_agents_running(tmp_path)  # one in each process
+    [child] = _forked_processes(database, process.pid)
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 15  # not the agents' 120 s, nor a lease (60 s)
+    while _alive(child):
+        assert time.monotonic() < deadline, "the forked process outlived its command"
+        time.sleep(0.2)
+    with sqlite3.connect(database) as db:
+        status = db.execute("SELECT status FROM evaluations_run").fetchone()[0]
+        running = db.execute(
+            "SELECT claimed_by FROM evaluations_execution WHERE status = 'running'"
+        ).fetchall()
+    assert status == "cancelled"
+    # The killed command's own execution is left to its lease; none is the forked process's.
+    assert running == [(f"cli:{process.pid}",)], running
+
+
+def _alive(pid: int) -> bool:
+    """Running: not gone, and not a zombie waiting for whoever inherited it to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 class _DyingChild:
     """A forked process seen dying between two looks: running at the first read of its exit
     code, dead (SIGKILL) from the second on; its sentinel already says it ended."""
