@@ -29,9 +29,9 @@ invariants:
 """
 
 
-def test_keystone_run_gives_up_at_its_timeout_and_cancels_the_run(
-    tmp_path: Path, test_redis_url: str
-) -> None:
+def _spec_with_no_worker(tmp_path: Path, redis_url: str) -> tuple[Path, dict[str, str]]:
+    """SPEC's file, and an environment whose `keystone run` hands it to workers sharing the
+    test database, on a broker no worker listens to."""
     if connection.vendor != "postgresql":
         pytest.fail("this test shares the test database with a subprocess: run it on PostgreSQL")
     database = urlsplit(os.environ["DATABASE_URL"])
@@ -41,10 +41,17 @@ def test_keystone_run_gives_up_at_its_timeout_and_cancels_the_run(
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(
         DATABASE_URL=database_url,
-        CELERY_BROKER_URL=test_redis_url.rsplit("/", 1)[0] + "/13",  # no worker listens
+        CELERY_BROKER_URL=redis_url.rsplit("/", 1)[0] + "/13",  # no worker listens
         KEYSTONE_HOME=str(tmp_path / "home"),
         NO_COLOR="1",
     )
+    return spec, env
+
+
+def test_keystone_run_gives_up_at_its_timeout_and_cancels_the_run(
+    tmp_path: Path, test_redis_url: str
+) -> None:
+    spec, env = _spec_with_no_worker(tmp_path, test_redis_url)
     done = run_keystone("run", str(spec), "--timeout", "3", env=env, timeout=120)
     assert done.returncode == 4, done.stderr
     assert "did not finish within 3 s; it was cancelled" in done.stderr
@@ -61,19 +68,7 @@ def test_ctrl_c_while_keystone_run_follows_the_workers_cancels_the_run(
     import sys
     import time
 
-    if connection.vendor != "postgresql":
-        pytest.fail("this test shares the test database with a subprocess: run it on PostgreSQL")
-    database = urlsplit(os.environ["DATABASE_URL"])
-    database_url = urlunsplit(database._replace(path="/" + settings.DATABASES["default"]["NAME"]))
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC)
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env.update(
-        DATABASE_URL=database_url,
-        CELERY_BROKER_URL=test_redis_url.rsplit("/", 1)[0] + "/13",  # no worker listens
-        KEYSTONE_HOME=str(tmp_path / "home"),
-        NO_COLOR="1",
-    )
+    spec, env = _spec_with_no_worker(tmp_path, test_redis_url)
     process = subprocess.Popen(
         [sys.executable, "-m", "evaluations.cli", "run", str(spec), "--timeout", "300"],
         cwd=REPO_ROOT,

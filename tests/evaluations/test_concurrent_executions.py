@@ -195,6 +195,17 @@ def _two_agents_running(
     return process, database
 
 
+def _cancelled_with_nothing_left(database: Path) -> bool:
+    """The run (the database's only one) is cancelled, and no execution is pending or
+    running."""
+    with sqlite3.connect(database) as db:
+        status = db.execute("SELECT status FROM evaluations_run").fetchone()[0]
+        left = db.execute(
+            "SELECT COUNT(*) FROM evaluations_execution WHERE status IN ('pending', 'running')"
+        ).fetchone()[0]
+    return bool(status == "cancelled" and left == 0)
+
+
 @pytest.fixture
 def hanging_http_server() -> Iterator[str]:
     """The URL of a server that answers any POST after 120 s (an agent, a judge)."""
@@ -243,12 +254,7 @@ def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(
     # process: the interrupt stops their agents at once.
     _, err = process.communicate(timeout=15)
     assert process.returncode == 4 and "interrupted" in err, err
-    with sqlite3.connect(database) as db:
-        status = db.execute("SELECT status FROM evaluations_run").fetchone()[0]
-        left = db.execute(
-            "SELECT COUNT(*) FROM evaluations_execution WHERE status IN ('pending', 'running')"
-        ).fetchone()[0]
-    assert status == "cancelled" and left == 0
+    assert _cancelled_with_nothing_left(database)
 
 
 # `keystone run` with a real SIGINT sent to itself at one moment of its start (sys.argv[1]):
@@ -311,12 +317,7 @@ def test_ctrl_c_as_the_run_begins_cancels_it_too(tmp_path: Path, moment: str) ->
     )
     assert time.monotonic() - started < 60, "the command waited for its agents"
     assert done.returncode == 4 and "interrupted" in done.stderr, done.stderr
-    with sqlite3.connect(home / "keystone.sqlite3") as db:
-        status = db.execute("SELECT status FROM evaluations_run").fetchone()[0]
-        left = db.execute(
-            "SELECT COUNT(*) FROM evaluations_execution WHERE status IN ('pending', 'running')"
-        ).fetchone()[0]
-    assert status == "cancelled" and left == 0
+    assert _cancelled_with_nothing_left(home / "keystone.sqlite3")
 
 
 def _forked_processes(database: Path, parent: int) -> list[int]:
@@ -345,13 +346,9 @@ def test_a_killed_execution_process_fails_the_run_at_once_and_says_so(tmp_path: 
     _, err = process.communicate(timeout=15)
     assert process.returncode == 4, err
     assert "ended with exit code -9" in err, err
+    assert _cancelled_with_nothing_left(database)
     with sqlite3.connect(database) as db:
-        status = db.execute("SELECT status FROM evaluations_run").fetchone()[0]
-        left = db.execute(
-            "SELECT COUNT(*) FROM evaluations_execution WHERE status IN ('pending', 'running')"
-        ).fetchone()[0]
         errors = [e for (e,) in db.execute("SELECT error FROM evaluations_execution")]
-    assert status == "cancelled" and left == 0
     assert errors.count("the process running it ended with exit code -9") == 1, errors
 
 
