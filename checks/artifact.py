@@ -48,6 +48,9 @@ class LLMCall:
     fault: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     started_at: float = 0.0  # seconds since the epoch when the call began (the timeline)
+    # False: the gateway had no price for `model` (neither its table nor the spec's
+    # `llm.prices`), so `cost_usd` is 0 without the call having been free.
+    priced: bool = True
 
 
 @dataclass(slots=True)
@@ -131,6 +134,11 @@ class RunArtifact:
         if self.tool_calls:
             return list(self.tool_calls)
         return [call for llm in self.llm_calls for call in llm.tool_calls]
+
+    def unpriced_models(self) -> list[str]:
+        """The models of the LLM calls the gateway could not price: what `cost_usd` leaves
+        out."""
+        return sorted({call.model for call in self.llm_calls if not call.priced})
 
     def failed_tool_calls(self) -> list[ToolCall]:
         """Tool calls that raised or answered with an HTTP error status."""

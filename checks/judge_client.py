@@ -731,7 +731,10 @@ class JudgeClient:
         )
 
     def _cost(self, model: str, input_tokens: int, output_tokens: int) -> float:
-        return round(cost_usd(model, input_tokens, output_tokens, self.settings.prices), 8)
+        # Shown with the verdict, never summed into a run's cost: a judge model with no
+        # price shows $0 there.
+        cost = cost_usd(model, input_tokens, output_tokens, self.settings.prices)
+        return 0.0 if cost is None else round(cost, 8)
 
     def _error_answer(
         self, failure: _Failure, model: str, prompt_version: str, samples: list[Sample]

@@ -2,8 +2,11 @@
 
 Pure (no Django): the gateway prices the agent's calls with it and the judge client its own.
 
-Prices are list prices at the time of writing; a server may pass its own table to the gateway.
-A dated model name (`gpt-4o-mini-2024-07-18`) is priced by its longest matching prefix.
+Prices are list prices at the time of writing; a spec gives the price of a model this table
+does not know, or overrides one, in `llm.prices`. A dated model name
+(`gpt-4o-mini-2024-07-18`) is priced by its longest matching prefix. A model with no price
+has no cost (None), not a cost of $0: a `cost` check or gate must not pass on a call it could
+not price.
 """
 
 from __future__ import annotations
@@ -46,17 +49,19 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
 
 def price_for(
     model: str, table: Mapping[str, tuple[float, float]] | None = None
-) -> tuple[float, float]:
-    """The (input, output) price of `model`; unknown models cost nothing rather than guessing."""
+) -> tuple[float, float] | None:
+    """The (input, output) price of `model`; None for a model the table does not know."""
     prices = DEFAULT_PRICES if table is None else table
     name = model.strip().lower()
+    if name in prices:
+        return prices[name]
     if "/" in name:  # "openai/gpt-4o" as routers spell it
         name = name.rsplit("/", 1)[1]
     if name in prices:
         return prices[name]
     matches = [key for key in prices if name.startswith(key)]
     if not matches:
-        return (0.0, 0.0)
+        return None
     return prices[max(matches, key=len)]
 
 
@@ -65,9 +70,24 @@ def cost_usd(
     input_tokens: int,
     output_tokens: int,
     table: Mapping[str, tuple[float, float]] | None = None,
-) -> float:
-    input_price, output_price = price_for(model, table)
+) -> float | None:
+    """What the call cost in USD; None when `model` has no price (and the call used tokens)."""
+    if input_tokens == 0 and output_tokens == 0:
+        return 0.0
+    price = price_for(model, table)
+    if price is None:
+        return None
+    input_price, output_price = price
     return (input_tokens * input_price + output_tokens * output_price) / 1_000_000
+
+
+def no_price_for(models: list[str]) -> str:
+    """What to tell the user of calls to models with no price, and what to do about it."""
+    names = ", ".join(repr(model) for model in models)
+    return (
+        f"no price for the model(s) {names}; give each one's price (USD per million tokens) "
+        "in the spec's llm.prices, e.g. prices: {MODEL: {input: 1.25, output: 10}}"
+    )
 
 
 def format_usd(value: float, *others: float) -> str:

@@ -50,6 +50,9 @@ class ExecutionRecord:
     # None: not counted (a row or report from before Keystone counted them).
     gateway_calls: int | None = None
     proxy_calls: int | None = None
+    # Models the gateway had no price for: `cost_usd` leaves their calls out, so it is no
+    # total a cost gate can pass on.
+    unpriced_models: list[str] = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:
@@ -99,6 +102,7 @@ class ExecutionRecord:
             error=artifact.error,
             gateway_calls=len(artifact.llm_calls),
             proxy_calls=len(artifact.tool_calls),
+            unpriced_models=artifact.unpriced_models(),
             **identity,
         )
 

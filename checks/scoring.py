@@ -21,6 +21,7 @@ from checks.exit_codes import (
     EXIT_SPEC_INVALID,
 )
 from checks.mutation_scoring import mutation_score
+from checks.pricing import no_price_for
 from checks.report_model import (
     MATRIX_PILLARS,
     PILLARS,
@@ -540,9 +541,14 @@ def evaluate_gates(
         ),
         "judge_human_kappa_min": (kappa, "judge-human agreement (Cohen's kappa)"),
     }
+    unpriced = sorted({model for record in records for model in record.unpriced_models})
     out: list[GateResult] = []
     for name, threshold in gates.items():
         if name not in GATE_NAMES:
+            continue
+        if name == "cost_max_usd" and unpriced:  # a total that leaves calls out passes no limit
+            message = f"total cost (USD): unknown, {no_price_for(unpriced)}"
+            out.append(GateResult(name, False, None, float(threshold), message))
             continue
         actual, label = measured[name]
         out.append(_gate(name, actual, float(threshold), label, at_least=GATE_NAMES[name]))
@@ -765,6 +771,13 @@ def _warnings(
         warnings.append(STATEFUL_WARNING_PYTHON if python else STATEFUL_WARNING)
     warnings.extend(_unreached_chaos_warnings(spec, records))
     warnings.extend(_passed_unfinished_warnings(spec, records, scores))
+    unpriced = [record for record in records if record.unpriced_models]
+    if unpriced:
+        models = sorted({model for record in unpriced for model in record.unpriced_models})
+        warnings.append(
+            f"the cost of {len(unpriced)} execution(s) leaves out their calls to models "
+            f"Keystone has no price for: {no_price_for(models)}"
+        )
     return warnings
 
 

@@ -468,6 +468,9 @@ class Execution(models.Model):
     duration_ms = models.FloatField(null=True, blank=True)
     agent_cpu_ms = models.FloatField(null=True, blank=True)
     cost_usd = models.FloatField(default=0.0)
+    # The models of the calls the gateway could not price: cost_usd leaves them out, and a
+    # cost check or gate gives no pass on it.
+    unpriced_models = models.JSONField(default=list, blank=True)
     input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
     tool_call_count = models.PositiveIntegerField(default=0)

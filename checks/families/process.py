@@ -19,7 +19,7 @@ from checks.families._common import (
     tail,
     workspace_root,
 )
-from checks.pricing import format_usd
+from checks.pricing import format_usd, no_price_for
 from checks.results import FailureCode, Outcome
 
 
@@ -199,6 +199,10 @@ class CostCheck(Check):
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         limit = get_number(self.config, "max_usd")
+        unpriced = artifact.unpriced_models()
+        if unpriced:
+            # Their calls count $0 in cost_usd: a pass on it would be a guess.
+            raise ConfigError(f"the execution's cost is unknown: {no_price_for(unpriced)}")
         spent = float(artifact.cost_usd)
         shown = f"cost {format_usd(spent, limit)}"
         if spent > limit:

@@ -96,6 +96,7 @@ def trace_events(artifact: RunArtifact) -> list[dict[str, Any]]:
                     "output_tokens": llm.output_tokens,
                     "latency_ms": llm.latency_ms,
                     "cost_usd": llm.cost_usd,
+                    "priced": llm.priced,
                     "request": llm.request,
                     "response": llm.response,
                     "tool_calls": [

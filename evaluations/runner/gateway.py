@@ -73,7 +73,6 @@ class Gateway:
         llm_faults: Iterable[Mapping[str, Any]] = (),
         seed: int | str = 0,
         secrets: Mapping[str, str] | None = None,
-        price_table: Mapping[str, Any] | None = None,
         request_transforms: Sequence[RequestTransform] = (),
     ) -> None:
         config = dict(llm_config or {"provider": "scripted", "rules": []})
@@ -82,7 +81,7 @@ class Gateway:
         self.seed = seed
         self.api_key = "ks-gw-" + secrets_module.token_hex(16)
         self._faults = parse_llm_faults(llm_faults)
-        self._prices = _normalise_prices(price_table)
+        self._prices = _normalise_prices(config.get("prices"))
         self._transforms = list(request_transforms)
         self._scripted: ScriptedProvider | None = None
         self._upstream: httpx2.Client | None = None
@@ -253,7 +252,7 @@ class Gateway:
             status, response, headers = self._forward("POST", "responses", forwarded)
             if status == 200 and fault is not None and rng is not None:
                 response = apply_to_responses(fault, response, rng)
-        usage = _responses_usage(response)
+        usage = _responses_usage(body, response, status)
         self._record(self._answered_call(body, response, status, started, fault, usage))
         return HttpReply.json(status, response, headers)
 
@@ -276,6 +275,7 @@ class Gateway:
             if status == 200
             else response
         )
+        cost = self._cost(model, input_tokens, 0)
         self._record(
             LLMCall(
                 model=model,
@@ -284,7 +284,8 @@ class Gateway:
                 status=status,
                 input_tokens=input_tokens,
                 latency_ms=_ms_since(started),
-                cost_usd=self._cost(model, input_tokens, 0),
+                cost_usd=cost or 0.0,
+                priced=cost is not None,
                 started_at=_wall_clock(started),
             )
         )
@@ -332,7 +333,9 @@ class Gateway:
 
     # -- recording
 
-    def _cost(self, model: str, input_tokens: int, output_tokens: int) -> float:
+    def _cost(self, model: str, input_tokens: int, output_tokens: int) -> float | None:
+        """The call's cost in USD; None for a model with no price, in the default table or
+        the spec's `llm.prices` (recorded as $0, `priced: false`)."""
         # The scripted provider costs nothing, whatever model name the agent asked for.
         priced_as = "scripted" if self._scripted is not None else model
         return cost_usd(priced_as, input_tokens, output_tokens, self._prices)
@@ -349,6 +352,7 @@ class Gateway:
         """The record of a chat or responses call the model answered (possibly with a
         content fault applied); only how `usage` is read differs between the two formats."""
         model = str(answer.get("model") or body.get("model") or self.model or "")
+        cost = self._cost(model, usage.input_tokens, usage.output_tokens)
         return LLMCall(
             model=model,
             request=body,
@@ -357,7 +361,8 @@ class Gateway:
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
             latency_ms=_ms_since(started),
-            cost_usd=self._cost(model, usage.input_tokens, usage.output_tokens),
+            cost_usd=cost or 0.0,
+            priced=cost is not None,
             fault=fault.label if fault else None,
             tool_calls=usage.tool_calls,
             started_at=_wall_clock(started),
@@ -416,16 +421,23 @@ def _chat_usage(body: dict[str, Any], completion: dict[str, Any], status: int) -
     return _AnswerUsage(input_tokens, output_tokens, tool_calls)
 
 
-def _responses_usage(response: dict[str, Any]) -> _AnswerUsage:
+def _responses_usage(body: dict[str, Any], response: dict[str, Any], status: int) -> _AnswerUsage:
     usage = _object(response.get("usage"))
-    tool_calls = [
-        _model_tool_call(item.get("name"), item.get("arguments"))
-        for item in _objects(response.get("output"))
-        if item.get("type") == "function_call"
-    ]
-    return _AnswerUsage(
-        _count(usage.get("input_tokens")) or 0, _count(usage.get("output_tokens")) or 0, tool_calls
+    input_tokens = _count(usage.get("input_tokens")) or (
+        count_request_tokens(responses_input_to_messages(body)) if status == 200 else 0
     )
+    # Without a count from the model, the answer's texts are counted, as for chat: a call
+    # counted as 0 tokens would cost $0, and pass a cost limit whatever it cost.
+    reported = _count(usage.get("output_tokens"))
+    output_tokens = reported or 0
+    tool_calls: list[ToolCall] = []
+    for item in _objects(response.get("output")):
+        if item.get("type") == "function_call":
+            tool_calls.append(_model_tool_call(item.get("name"), item.get("arguments")))
+        elif reported is None and item.get("type") == "message":
+            texts = [str(part.get("text") or "") for part in _objects(item.get("content"))]
+            output_tokens += count_tokens("".join(texts))
+    return _AnswerUsage(input_tokens, output_tokens, tool_calls)
 
 
 def _model_tool_call(name: Any, arguments: Any) -> ToolCall:
@@ -467,17 +479,11 @@ def _upstream_client(config: Mapping[str, Any], secrets: Mapping[str, str]) -> h
 
 
 def _normalise_prices(table: Mapping[str, Any] | None) -> dict[str, tuple[float, float]] | None:
-    """Accept {model: [in, out]} or {model: {input: .., output: ..}}, on top of the defaults."""
-    if table is None:
+    """The spec's `llm.prices` ({model: {input, output}}, USD per million tokens, as the
+    schema checked) on top of the default table; None (the default table) without it."""
+    if not table:
         return None
     prices = dict(DEFAULT_PRICES)
-    for model, value in table.items():
-        if isinstance(value, Mapping):
-            prices[str(model).lower()] = (
-                float(value.get("input", 0)),
-                float(value.get("output", 0)),
-            )
-        else:
-            input_price, output_price = value
-            prices[str(model).lower()] = (float(input_price), float(output_price))
+    for model, price in table.items():
+        prices[str(model).strip().lower()] = (float(price["input"]), float(price["output"]))
     return prices

@@ -90,6 +90,7 @@ def _execution_record(
         error=execution.error or None,
         gateway_calls=execution.gateway_call_count,
         proxy_calls=execution.proxy_call_count,
+        unpriced_models=list(execution.unpriced_models),
     )
 
 

@@ -63,6 +63,7 @@ def execution_record(*, execution: Execution, worker: str, outcome: Any, spec: E
         "duration_ms": artifact.duration_ms,
         "agent_cpu_ms": outcome.agent_cpu_ms,
         "cost_usd": artifact.cost_usd,
+        "unpriced_models": record.unpriced_models,
         "input_tokens": artifact.input_tokens,
         "output_tokens": artifact.output_tokens,
         "tool_call_count": len(artifact.all_tool_calls()),

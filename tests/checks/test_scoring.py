@@ -738,6 +738,22 @@ def test_exit_code_zero_when_every_gate_passes_and_one_when_one_fails() -> None:
     assert exit_code_for(failing, ok) == 1
 
 
+def test_a_cost_gate_fails_on_a_total_that_leaves_unpriced_calls_out() -> None:
+    """$0.02 priced and calls to a model with no price: the total is no cost, under the limit
+    or not."""
+    records = [record(cost_usd=0.02), record(cost_usd=0.0, unpriced_models=["acme-9", "b"])]
+    (gate, _critical) = evaluate_gates(
+        {"cost_max_usd": 5.0}, groups=[], records=records, resilience=resilience_score([])
+    )
+    assert (gate.name, gate.passed, gate.actual, gate.empty) == ("cost_max_usd", False, None, False)
+    assert gate.message.startswith("total cost (USD): unknown, no price for the model(s) 'acme-9'")
+    assert exit_code_for([gate], [record()]) == 1
+    priced = evaluate_gates(
+        {"cost_max_usd": 5.0}, groups=[], records=records[:1], resilience=resilience_score([])
+    )
+    assert priced[0].passed and priced[0].actual == pytest.approx(0.02)
+
+
 def test_provider_errors_exit_three() -> None:
     assert exit_code_for(_passing_gate(), [record(status="provider_error")]) == 3
     judge_down = record(

@@ -162,6 +162,23 @@ def test_cost(run_check):
     assert "$0.0712" in outcome.message
 
 
+def test_cost_of_calls_to_a_model_with_no_price_is_no_verdict(run_check):
+    """Their calls count $0: the check passed, whatever they cost."""
+    calls = [
+        LLMCall(model="gpt-4o-mini", input_tokens=10, cost_usd=0.000002),
+        LLMCall(model="acme-9", input_tokens=90_000, cost_usd=0.0, priced=False),
+    ]
+    artifact = RunArtifact(llm_calls=calls, cost_usd=0.000002)
+    outcome = run_check({"type": "cost", "max_usd": 0.05}, artifact=artifact)
+    assert outcome.failure_code is FailureCode.CHECK_ERROR and not outcome.passed
+    assert outcome.message.startswith(
+        "cost: the execution's cost is unknown: no price for the model(s) 'acme-9';"
+    )
+    assert "llm.prices" in outcome.message
+    calls[1].priced = True
+    assert run_check({"type": "cost", "max_usd": 0.05}, artifact=artifact).passed
+
+
 def test_cost_messages_show_enough_digits_to_tell_cost_and_limit_apart(run_check):
     """Issue 12, item 18: "cost $0.0001, max $0.0001" failed without showing why."""
     outcome = run_check(

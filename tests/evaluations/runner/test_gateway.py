@@ -192,6 +192,24 @@ def test_upstream_gets_the_secret_key_and_never_the_agents() -> None:
     assert first.tool_calls[0].name == "lookup_order"
 
 
+def test_a_call_to_a_model_with_no_price_is_recorded_as_not_priced_until_the_spec_prices_it() -> (
+    None
+):
+    with ScriptedServer(REFUND_RULES) as upstream:
+        config = {"provider": "openai", "base_url": upstream.base_url, "model": "acme-9"}
+        with Gateway(config, secrets={"OPENAI_API_KEY": "sk-x"}) as gateway:
+            _ask(_client(gateway), "hi")
+            (unpriced,) = gateway.calls()
+        prices = {"ACME-9": {"input": 2.0, "output": 8.0}}  # names are not case-sensitive
+        with Gateway({**config, "prices": prices}, secrets={"OPENAI_API_KEY": "sk-x"}) as gateway:
+            _ask(_client(gateway), "hi")
+            (priced,) = gateway.calls()
+    assert unpriced.input_tokens > 0 and unpriced.cost_usd == 0.0 and not unpriced.priced
+    assert priced.priced and priced.cost_usd == pytest.approx(
+        (priced.input_tokens * 2.0 + priced.output_tokens * 8.0) / 1e6
+    )
+
+
 def test_missing_upstream_secret_is_a_config_error() -> None:
     with pytest.raises(GatewayConfigError, match="OPENAI_API_KEY"):
         Gateway(
@@ -573,7 +591,9 @@ class _OddUsageModel(HttpPeer):
                     message = {"role": "assistant", "content": "four words of answer"}
                     body = {"object": "chat.completion", "choices": [{"message": message}]}
                 elif self.path.endswith("/responses"):
-                    body = {"object": "response", "output": []}
+                    text = {"type": "output_text", "text": "four words of answer"}
+                    output = [{"type": "message", "role": "assistant", "content": [text]}]
+                    body = {"object": "response", "output": output}
                 else:
                     body = {"object": "list", "data": [{"embedding": [0.5]}]}
                 self.send_json(200, {**body, "model": "m", "usage": odd})
@@ -612,8 +632,10 @@ def test_token_counts_the_model_reports_are_kept_only_when_they_are_counts(usage
     for call in calls:
         for count in (call.input_tokens, call.output_tokens):
             assert isinstance(count, int) and 0 <= count <= 10**9, (call, count)
-    # What is left unusable is counted as without `usage`: from the texts.
-    assert calls[0].input_tokens > 0 and calls[0].output_tokens > 0
+    # What is left unusable is counted as without `usage`: from the texts, on the chat and
+    # responses endpoints (a call counted as 0 tokens cost $0 whatever it cost).
+    for call in calls[:2]:
+        assert call.input_tokens > 0 and call.output_tokens > 0, call
 
 
 def test_a_truncated_answer_of_a_model_that_reports_words_for_counts() -> None:
