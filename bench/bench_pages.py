@@ -234,7 +234,7 @@ def _seed_history(project: Any) -> None:
         "attempt", "pillar", "mutation_type", "status", "composite", "passed", "claimed_by",
         "started", "finished", "duration_ms", "cost_usd", "input_tokens", "output_tokens",
         "tool_call_count", "tool_error_count", "final_output", "error", "plan",
-        "forbidden_violations", "tool_sequence", "created",
+        "forbidden_violations", "tool_sequence", "unpriced_models", "created",
     ]  # fmt: skip
     table = Execution._meta.db_table
     with connection.cursor() as cursor, transaction.atomic():
@@ -251,7 +251,8 @@ def _seed_history(project: Any) -> None:
                             "success", 1.0 if passed else 0.4, passed, "",
                             run.started, run.finished, rng.uniform(200, 4000),
                             rng.uniform(0.0001, 0.01), 900, 120, 3, 0,
-                            "ok " * 20, "", Jsonb({}), Jsonb([]), Jsonb([]), run.created,
+                            "ok " * 20, "", Jsonb({}), Jsonb([]), Jsonb([]), Jsonb([]),
+                            run.created,
                         )
                     )  # fmt: skip
     print(f"  {len(runs) * EXECUTIONS_PER_RUN} executions", flush=True)
