@@ -68,6 +68,8 @@ class ExecutionOut(Schema):
     composite: float | None
     duration_ms: float | None
     cost_usd: float
+    # Models of calls the gateway had no price for: cost_usd leaves them out.
+    unpriced_models: list[str]
     error: str
     started: datetime | None
     finished: datetime | None
@@ -166,6 +168,7 @@ def _execution_out(request: HttpRequest, slug: str, execution: Execution) -> Exe
         composite=execution.composite,
         duration_ms=execution.duration_ms,
         cost_usd=execution.cost_usd,
+        unpriced_models=execution.unpriced_models,
         error=execution.error,
         started=execution.started,
         finished=execution.finished,

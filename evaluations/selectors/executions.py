@@ -182,6 +182,7 @@ def _llm_step(index: int, call: dict[str, Any]) -> dict[str, Any]:
         "input_tokens": call.get("input_tokens") or 0,
         "output_tokens": call.get("output_tokens") or 0,
         "cost_usd": call.get("cost_usd") or 0.0,
+        "priced": call.get("priced", True),  # traces written before Keystone said so: priced
         "latency_ms": call.get("latency_ms") or 0.0,
         "message_count": len(messages),
         "last_message_role": messages[-1].get("role", "")

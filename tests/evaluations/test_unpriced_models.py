@@ -6,15 +6,19 @@ calls the gateway over HTTP, which forwards to Keystone's scripted OpenAI-compat
 
 from __future__ import annotations
 
+import html
+import re
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.test import Client
 
 from checks.pricing import cost_usd
 from checks.results import FailureCode
-from evaluations.models import Project
+from evaluations.models import Membership, Project, Role
 from evaluations.runner.scripted import ScriptedServer
 from tests.evaluations.execution_helpers import agent_asking_the_model, run_spec
 
@@ -51,7 +55,7 @@ gates: {{cost_max_usd: 1.0}}
 
 
 def test_a_model_with_no_price_gives_no_cost_verdict_fails_the_gate_and_warns(
-    project: Project, tmp_path: Path, upstream: ScriptedServer
+    project: Project, tmp_path: Path, upstream: ScriptedServer, django_user_model: Any
 ) -> None:
     run = run_spec(project, _spec(upstream.base_url), spec_dir=tmp_path)
     execution = run.executions.get()
@@ -67,6 +71,18 @@ def test_a_model_with_no_price_gives_no_cost_verdict_fails_the_gate_and_warns(
     assert run.exit_code != 0
     assert any(MODEL in w and "llm.prices" in w for w in run.warnings), run.warnings
     assert execution.unpriced_models == [MODEL]
+    # What the execution page and the API show of its cost says so too.
+    viewer = django_user_model.objects.create_user(username="viewer")
+    Membership.objects.create(project=project, user=viewer, role=Role.VIEWER)
+    client = Client()
+    client.force_login(viewer)
+    page = client.get(f"/p/{project.slug}/executions/{execution.pk}/")
+    assert page.status_code == 200
+    text = " ".join(html.unescape(re.sub("<[^>]+>", " ", page.content.decode())).split())
+    assert f"not priced the calls to {MODEL}" in text
+    assert "no price for this model" in text  # its LLM call in the transcript
+    detail = client.get(f"/api/projects/{project.slug}/executions/{execution.pk}")
+    assert detail.status_code == 200 and detail.json()["unpriced_models"] == [MODEL]
 
 
 def test_a_price_in_llm_prices_gives_the_verdict_back(
