@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from checks.artifact import RunArtifact
@@ -20,6 +19,7 @@ from checks.families._common import (
     quote,
     snippet,
 )
+from checks.json_text import loads_strict
 from checks.results import FailureCode, Outcome
 
 
@@ -207,7 +207,7 @@ class ValidJsonCheck(Check):
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         output = artifact.final_output or ""
         try:
-            json.loads(output)
+            loads_strict(output)
         except ValueError as exc:
             return Outcome.fail(
                 FailureCode.SCHEMA_PARSE_ERROR,

@@ -16,6 +16,7 @@ from checks.families._common import (
     read_text,
     resolve_inside,
 )
+from checks.json_text import loads_strict
 from checks.results import FailureCode, Outcome
 
 MAX_ERRORS = 20
@@ -65,7 +66,7 @@ class SchemaCheck(Check):
         schema = load_schema(self.config, context)
         output = artifact.final_output or ""
         try:
-            instance = json.loads(output)
+            instance = loads_strict(output)
         except ValueError as exc:
             return Outcome.fail(
                 FailureCode.SCHEMA_PARSE_ERROR,

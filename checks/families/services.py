@@ -24,6 +24,7 @@ from checks.families._common import (
     request_headers,
     resolve_field,
 )
+from checks.json_text import loads_strict
 from checks.results import FailureCode, Outcome
 
 # --- sql ------------------------------------------------------------------------------------
@@ -103,7 +104,7 @@ def _parse_json(text: Any) -> tuple[bool, Any]:
     if not isinstance(text, str):
         return False, None
     try:
-        return True, json.loads(text)
+        return True, loads_strict(text)
     except ValueError:
         return False, None
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from checks.artifact import LLMCall, ToolCall
+from checks.json_text import loads_strict
 from evaluations.runner.llm_faults import (
     CONTENT_MODES,
     LLMFault,
@@ -446,7 +447,7 @@ def _model_tool_call(name: Any, arguments: Any) -> ToolCall:
         parsed = arguments
     else:
         try:
-            value = json.loads(arguments or "{}")
+            value = loads_strict(arguments or "{}")
             parsed = value if isinstance(value, dict) else {"_value": value}
         except (TypeError, ValueError):
             parsed = {"_raw": str(arguments)}  # e.g. arguments cut by a truncation fault

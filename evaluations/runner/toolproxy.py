@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from checks.artifact import LLMCall, ToolCall
+from checks.json_text import loads_strict
 from evaluations.runner.context_attacks import apply_to_tool_result, inject_payload
 from evaluations.runner.loopback import LoopbackServer, ServerThread
 
@@ -641,7 +642,7 @@ def _arguments(body: bytes, query: str) -> dict[str, Any]:
     """The call's arguments: the JSON body when there is one, else the query parameters."""
     if body:
         try:
-            document = json.loads(body)
+            document = loads_strict(body)
         except ValueError:
             return {"body": body.decode("utf-8", "replace")}
         return document if isinstance(document, dict) else {"body": document}

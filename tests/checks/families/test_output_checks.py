@@ -116,6 +116,12 @@ def test_valid_json(run_check):
     assert run_check({"type": "valid_json"}, output='{"a": 1}').passed
     outcome = run_check({"type": "valid_json"}, output="{'a': 1}")
     assert outcome.failure_code is FailureCode.SCHEMA_PARSE_ERROR
+    # Python's parser reads these; JSON (RFC 8259) has no such values.
+    for output in ("NaN", '{"price": Infinity}', "[1, -Infinity]"):
+        outcome = run_check({"type": "valid_json"}, output=output)
+        assert outcome.failure_code is FailureCode.SCHEMA_PARSE_ERROR, output
+        assert "is not a JSON value" in outcome.message
+    assert run_check({"type": "valid_json"}, output='"NaN"').passed  # a string is JSON
 
 
 # --- through the engine -----------------------------------------------------------------

@@ -27,6 +27,17 @@ def test_schema_violations_listed_with_paths(run_check):
     assert "'amount' is a required property" in outcome.message
 
 
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_not_json_and_meet_no_bound(run_check, value):
+    """Python's parser reads them, no other does; NaN compares false to every bound, so
+    {"amount": NaN} passed a minimum and a maximum."""
+    bounded = {"type": "object", "properties": {"amount": {"minimum": 0, "maximum": 100}}}
+    outcome = run_check({"type": "schema", "schema": bounded}, output=f'{{"amount": {value}}}')
+    assert outcome.failure_code is FailureCode.SCHEMA_PARSE_ERROR
+    assert outcome.message == f"output is not valid JSON: {value} is not a JSON value"
+    assert run_check({"type": "schema", "schema": bounded}, output='{"amount": 99.5}').passed
+
+
 def test_schema_non_json_output_is_parse_error(run_check):
     outcome = run_check({"type": "schema", "schema": SCHEMA}, output="Refund issued.")
     assert outcome.failure_code is FailureCode.SCHEMA_PARSE_ERROR

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -129,6 +130,15 @@ def test_responses_embeddings_and_models_endpoints() -> None:
         calls = gateway.calls()
     assert len(calls) == 2  # the model listing is not an LLM call
     assert calls[1].request["input"] == "hi there" and calls[1].input_tokens == 2
+
+
+def test_tool_call_arguments_with_nan_are_kept_as_text_not_as_a_number() -> None:
+    """NaN is no JSON (RFC 8259): read as a number it met every bound of an args_schema."""
+    rules = [{"reply": {"tool_calls": [{"name": "refund", "arguments": {"amount": math.nan}}]}}]
+    with Gateway({"provider": "scripted", "rules": rules}) as gateway:
+        _ask(_client(gateway))
+        (call,) = gateway.calls()
+    assert call.tool_calls[0].arguments == {"_raw": '{"amount": NaN}'}
 
 
 def test_gateway_refuses_keys_other_than_its_own() -> None:

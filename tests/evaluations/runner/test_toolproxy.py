@@ -153,6 +153,13 @@ def test_query_parameters_are_the_arguments_of_a_call_without_body(upstream: Ups
     assert proxy.calls()[0].arguments == {"q": "lamp", "tag": ["a", "b"]}
 
 
+def test_a_body_with_nan_is_no_json_and_its_text_is_the_argument(upstream: Upstream) -> None:
+    """NaN is no JSON (RFC 8259): read as a number it met every bound of an args_schema."""
+    with make_proxy(upstream) as proxy:
+        call(proxy.url_for("orders"), method="POST", body={"amount": float("nan")})
+    assert proxy.calls()[0].arguments == {"body": '{"amount": NaN}'}
+
+
 def test_calls_are_listed_in_the_order_the_agent_made_them(upstream: Upstream) -> None:
     tools = [{"name": "orders", "url": upstream.url}, {"name": "billing", "url": upstream.url}]
     with make_proxy(upstream, tools=tools) as proxy:
