@@ -258,11 +258,40 @@ def snippet(text: str, start: int, end: int, radius: int = 40) -> str:
     return ("..." if left else "") + text[left:right] + ("..." if right < len(text) else "")
 
 
+def plain_text(text: str) -> str:
+    """The text as a reader sees it: NFKC (a no-break or narrow space is a space, a full-width
+    letter or digit is that letter or digit) without the invisible format characters (zero-
+    width spaces and joiners, soft hyphens, byte order marks). Models write them: searched as
+    it came, "wire\u00a0transfer" or "pass\u200bword" passed a check that forbids the phrase
+    a reader sees."""
+    if text.isascii():
+        return text
+    normal = unicodedata.normalize("NFKC", text)
+    return "".join(ch for ch in normal if unicodedata.category(ch) != "Cf")
+
+
+def search_as_shown(regex: UserPattern, text: str) -> tuple[Any, str]:
+    """(the first match of `regex`, the text it is in): `text` as it came or, failing that,
+    as a reader sees it (plain_text), since a pattern may name the very characters plain_text
+    changes. (None, text) when neither matches."""
+    match = regex.search(text)
+    if match is None:
+        plain = plain_text(text)
+        if plain != text:
+            return regex.search(plain), plain
+    return match, text
+
+
 def normalise(text: str) -> str:
     """Case-folded with accents removed (NFKD, combining marks dropped): 'Sebastián' ->
-    'sebastian'. Used wherever the contract asks for forgiving matching."""
+    'sebastian', and without the invisible format characters (as plain_text). Used wherever
+    the contract asks for forgiving matching."""
     decomposed = unicodedata.normalize("NFKD", text.casefold())
-    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+    return "".join(
+        ch
+        for ch in decomposed
+        if not unicodedata.combining(ch) and unicodedata.category(ch) != "Cf"
+    )
 
 
 def json_equal(actual: Any, expected: Any) -> bool:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from checks.artifact import RunArtifact
 from checks.check import Check
 from checks.context import CheckContext
-from checks.families._common import ConfigError, get_str_list, guarded, quote, snippet
+from checks.families._common import (
+    ConfigError,
+    get_str_list,
+    guarded,
+    plain_text,
+    quote,
+    snippet,
+)
 from checks.results import FailureCode, Outcome
 
 
@@ -18,17 +25,17 @@ class KeywordsCheck(Check):
         allow = get_str_list(self.config, "allow")
         if not deny and not allow:
             raise ConfigError("at least one of 'deny' or 'allow' is required")
-        output = artifact.final_output or ""
+        output = plain_text(artifact.final_output or "")  # as a reader sees it
         folded = output.casefold()
 
         denied = []
         for word in deny:
-            index = folded.find(word.casefold())
+            index = folded.find(plain_text(word).casefold())
             if index >= 0:
                 denied.append(
                     {"keyword": word, "context": snippet(output, index, index + len(word))}
                 )
-        allowed_found = [w for w in allow if w.casefold() in folded]
+        allowed_found = [w for w in allow if plain_text(w).casefold() in folded]
         allow_missing = bool(allow) and not allowed_found
 
         if denied:

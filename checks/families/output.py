@@ -15,8 +15,10 @@ from checks.families._common import (
     get_str_list,
     guarded,
     one_or_many,
+    plain_text,
     preview,
     quote,
+    search_as_shown,
     snippet,
 )
 from checks.json_text import loads_strict
@@ -26,14 +28,17 @@ from checks.results import FailureCode, Outcome
 def _locate(
     values: list[str], config: dict[str, Any], artifact: RunArtifact
 ) -> tuple[str, list[tuple[str, int]]]:
-    """The final output, and each value with where it first occurs there (-1: absent),
-    honouring the check's `case_sensitive`: the search the substring checks share."""
+    """The final output as a reader sees it (plain_text), and each value with where it first
+    occurs there (-1: absent), honouring the check's `case_sensitive`: the search the
+    substring checks share."""
     case_sensitive = get_bool(config, "case_sensitive", True)
-    output = artifact.final_output or ""
-    searched = output if case_sensitive else output.casefold()
-    return output, [
-        (value, searched.find(value if case_sensitive else value.casefold())) for value in values
-    ]
+    output = plain_text(artifact.final_output or "")  # each value is looked for as shown
+
+    def shown(text: str) -> str:
+        return plain_text(text) if case_sensitive else plain_text(text).casefold()
+
+    searched = shown(output)
+    return output, [(value, searched.find(shown(value))) for value in values]
 
 
 def _listing(values: list[str]) -> str:
@@ -104,8 +109,7 @@ class RegexCheck(Check):
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         pattern = get_str(self.config, "pattern")
-        output = artifact.final_output or ""
-        match = compile_regex(pattern).search(output)
+        match, output = search_as_shown(compile_regex(pattern), artifact.final_output or "")
         if match is None:
             return Outcome.fail(
                 FailureCode.PATTERN_FAILED,
@@ -129,10 +133,9 @@ class ExcludesPatternCheck(Check):
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         patterns = one_or_many(self.config, "pattern", "patterns")
         compiled = [compile_regex(p) for p in patterns]
-        output = artifact.final_output or ""
         matches = []
         for pattern, regex in zip(patterns, compiled, strict=True):
-            match = regex.search(output)
+            match, output = search_as_shown(regex, artifact.final_output or "")
             if match is not None:
                 matches.append(
                     {

@@ -24,6 +24,7 @@ from checks.families._common import (
     compile_regex,
     get_str_list,
     guarded,
+    plain_text,
 )
 from checks.results import FailureCode, Outcome
 
@@ -184,7 +185,7 @@ class PiiCheck(Check):
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         detectors = _detectors(self.config)
-        found = find_pii(artifact.final_output or "", detectors)
+        found = find_pii(plain_text(artifact.final_output or ""), detectors)  # as shown
         if found:
             counts = {name: len(matches) for name, matches in found.items()}
             summary = ", ".join(f"{count} {name}" for name, count in counts.items())

@@ -41,3 +41,13 @@ def test_keywords_without_lists_is_check_error(run_check):
         run_check({"type": "keywords", "deny": [3]}, output="x").failure_code
         is FailureCode.CHECK_ERROR
     )
+
+
+def test_a_denied_keyword_written_with_invisible_characters_is_found(run_check):
+    """ "pass\u200bword" reads "password": searched as it came, it passed the deny list."""
+    outcome = run_check({"type": "keywords", "deny": ["password"]}, output="Pass\u200bword: x")
+    assert outcome.failure_code is FailureCode.KEYWORD_DENIED
+    allowed = run_check(
+        {"type": "keywords", "allow": ["wire transfer"]}, output="wire\u00a0transfer"
+    )
+    assert allowed.passed

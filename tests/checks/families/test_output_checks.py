@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from checks.artifact import RunArtifact
 from checks.context import CheckContext
 from checks.engine import evaluate_invariant
@@ -231,3 +233,37 @@ def test_every_documented_type_is_registered():
         "similarity", "behavior_unchanged", "tool_calls", "drift",
     }  # fmt: skip
     assert documented <= set(check_types())
+
+
+# --- the output as a reader sees it -------------------------------------------------------
+
+# A no-break space, a zero-width space, a soft hyphen, a narrow no-break space and full-width
+# letters: models write them, and a reader sees "wire transfer", "password", "ACME".
+SHOWN_AS_PHRASES = [
+    ("Send it by wire\u00a0transfer today.", "wire transfer"),
+    ("Your pass\u200bword is hunter2.", "password"),
+    ("Your pass\u00adword is hunter2.", "password"),
+    ("Pay by wire\u202ftransfer.", "wire transfer"),
+    ("Shares of \uff21\uff23\uff2d\uff25 fell.", "ACME"),
+]
+
+
+@pytest.mark.parametrize(("output", "phrase"), SHOWN_AS_PHRASES)
+def test_a_forbidden_phrase_written_with_invisible_characters_is_found(run_check, output, phrase):
+    """Searched as they came, these outputs passed not_contains, excludes_pattern and a
+    negated regex for the phrase a reader sees in them; contains failed on them."""
+    outcome = run_check({"type": "not_contains", "value": phrase}, output=output)
+    assert outcome.failure_code is FailureCode.NOT_CONTAINS_FAILED, output
+    assert phrase in outcome.details["found"][0]["context"]
+    assert run_check({"type": "contains", "value": phrase}, output=output).passed
+    assert run_check({"type": "contains_any", "values": ["nope", phrase]}, output=output).passed
+    excluded = run_check({"type": "excludes_pattern", "pattern": phrase}, output=output)
+    assert excluded.failure_code is FailureCode.PATTERN_FAILED
+    assert run_check({"type": "regex", "pattern": phrase}, output=output).passed
+
+
+def test_a_pattern_that_names_an_invisible_character_still_finds_it(run_check):
+    output = "wire\u00a0transfer"
+    assert run_check({"type": "regex", "pattern": "wire\u00a0transfer"}, output=output).passed
+    assert run_check({"type": "regex", "pattern": "wire transfer"}, output=output).passed
+    assert run_check({"type": "contains", "value": "wire\u00a0transfer"}, output=output).passed

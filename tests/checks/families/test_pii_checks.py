@@ -116,3 +116,13 @@ def test_the_built_in_names_are_the_detectors_names_in_order() -> None:
     detectors = builtin_detectors()
     assert tuple(detectors) == BUILTIN_NAMES
     assert all(d.name == name for name, found in detectors.items() for d in found)
+
+
+def test_pii_written_with_invisible_characters_or_full_width_digits_is_found(run_check):
+    """A reader sees an email and a card number; searched as they came, neither was one."""
+    email = "write to jane\u200b.doe@example\u00ad.com"
+    card = "card \uff14\uff11\uff11\uff11 1111 1111 1111"  # 4111 ... in full-width digits
+    for output, kind in ((email, "email"), (card, "credit_card")):
+        outcome = run_check({"type": "excludes_pii"}, output=output)
+        assert outcome.failure_code is FailureCode.PII_DETECTED, output
+        assert outcome.details["counts"] == {kind: 1}
