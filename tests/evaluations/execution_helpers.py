@@ -7,6 +7,7 @@ connection of its own.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -59,4 +60,17 @@ try:
     print(json.load(urllib.request.urlopen(request, timeout=20))["choices"][0]["message"]["content"])
 except urllib.error.HTTPError:
     print({on_error!r})
+"""
+
+
+def script_agent(script: str) -> str:
+    """A spec's `agent` and `sandbox`: a command agent running `script` as its agent.py on the
+    local backend."""
+    return f"""\
+agent: {{type: command, command: "python agent.py", timeout: 60}}
+sandbox:
+  backend: local
+  files:
+    agent.py: |
+{textwrap.indent(script.strip(), " " * 6)}
 """

@@ -6,7 +6,6 @@ Injected faults (the chaos under test) never count as the provider's failure."""
 from __future__ import annotations
 
 import socket
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from checks.artifact import LLMCall
 from evaluations.models import ExecutionStatus, Project
 from evaluations.runner.harness import provider_failure
-from tests.evaluations.execution_helpers import agent_asking_the_model, run_spec
+from tests.evaluations.execution_helpers import agent_asking_the_model, run_spec, script_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,12 +32,7 @@ def _spec(base_url: str) -> str:
 version: 1
 id: polite-agent
 task: {{prompt: "hi"}}
-agent: {{type: command, command: "python agent.py", timeout: 60}}
-sandbox:
-  backend: local
-  files:
-    agent.py: |
-{textwrap.indent(AGENT.strip(), " " * 6)}
+{script_agent(AGENT)}\
 llm: {{provider: openai, base_url: "{base_url}", model: m, timeout: 5}}
 invariants:
   answers:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import re
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from checks.pricing import cost_usd
 from checks.results import FailureCode
 from evaluations.models import Membership, Project, Role
 from evaluations.runner.scripted import ScriptedServer
-from tests.evaluations.execution_helpers import agent_asking_the_model, run_spec
+from tests.evaluations.execution_helpers import agent_asking_the_model, run_spec, script_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,12 +38,7 @@ def _spec(base_url: str, prices: str = "") -> str:
 version: 1
 id: pricey-agent
 task: {{prompt: "hi"}}
-agent: {{type: command, command: "python agent.py", timeout: 60}}
-sandbox:
-  backend: local
-  files:
-    agent.py: |
-{textwrap.indent(agent_asking_the_model("the model failed").strip(), " " * 6)}
+{script_agent(agent_asking_the_model("the model failed"))}\
 llm: {{provider: openai, base_url: "{base_url}", model: {MODEL}, timeout: 5{prices}}}
 invariants:
   cheap:

@@ -8,7 +8,6 @@ scripted model: one that never calls the gateway, one that does."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from django.test import Client
 from evaluations import services
 from evaluations.models import Membership, Project, Role
 from tests.cli_helpers import embedded_env, run_keystone
-from tests.evaluations.execution_helpers import agent_asking_the_model, run_spec
+from tests.evaluations.execution_helpers import agent_asking_the_model, run_spec, script_agent
 
 # Asks the scripted model once, through the gateway; under an injected fault it says so.
 CALLS_THE_MODEL = agent_asking_the_model("The model is away; done anyway.")
@@ -37,13 +36,8 @@ def _spec(agent: str) -> str:
 version: 1
 id: quiet-agent
 task: {{prompt: "hi"}}
-agent: {{type: command, command: "python agent.py", timeout: 60}}
 replicas: 2
-sandbox:
-  backend: local
-  files:
-    agent.py: |
-{textwrap.indent(agent.strip(), " " * 6)}
+{script_agent(agent)}\
 llm:
   provider: scripted
   model: m
