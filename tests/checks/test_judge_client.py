@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -385,8 +386,12 @@ def test_a_refused_seed_is_dropped_and_the_call_sent_again(provider: FakeProvide
 
 def test_concurrency_is_limited_per_endpoint(provider: FakeProvider) -> None:
     provider.default = {**verdict(0.9), "delay": 0.15}
-    client, _ = make_client(provider, max_concurrency=2)
-    other, _ = make_client(provider, max_concurrency=10)  # same endpoint: the first limit holds
+    # An endpoint no earlier test asked for: the limit is the process's, per endpoint, and an
+    # earlier test's provider may have had this one's port (its limit would hold here).
+    endpoint = f"judge-test-{uuid.uuid4().hex}"
+    client, _ = make_client(provider, max_concurrency=2, endpoint_id=endpoint)
+    # The same endpoint: the first limit holds.
+    other, _ = make_client(provider, max_concurrency=10, endpoint_id=endpoint)
     answers: list[dict[str, Any]] = []
     threads = [
         threading.Thread(
