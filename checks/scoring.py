@@ -541,7 +541,7 @@ def evaluate_gates(
         ),
         "judge_human_kappa_min": (kappa, "judge-human agreement (Cohen's kappa)"),
     }
-    unpriced = sorted({model for record in records for model in record.unpriced_models})
+    unpriced = _unpriced_models(records)
     out: list[GateResult] = []
     for name, threshold in gates.items():
         if name not in GATE_NAMES:
@@ -571,6 +571,11 @@ def _measured_drift(result: CheckResult) -> bool:
         and not result.is_error
         and result.details.get("flag") != "no_baseline"
     )
+
+
+def _unpriced_models(records: Sequence[ExecutionRecord]) -> list[str]:
+    """The models of the run's calls the gateway could not price (what its cost leaves out)."""
+    return sorted({model for record in records for model in record.unpriced_models})
 
 
 def _gate(
@@ -771,12 +776,12 @@ def _warnings(
         warnings.append(STATEFUL_WARNING_PYTHON if python else STATEFUL_WARNING)
     warnings.extend(_unreached_chaos_warnings(spec, records))
     warnings.extend(_passed_unfinished_warnings(spec, records, scores))
-    unpriced = [record for record in records if record.unpriced_models]
+    unpriced = _unpriced_models(records)
     if unpriced:
-        models = sorted({model for record in unpriced for model in record.unpriced_models})
+        count = sum(1 for record in records if record.unpriced_models)
         warnings.append(
-            f"the cost of {len(unpriced)} execution(s) leaves out their calls to models "
-            f"Keystone has no price for: {no_price_for(models)}"
+            f"the cost of {count} execution(s) leaves out their calls to models "
+            f"Keystone has no price for: {no_price_for(unpriced)}"
         )
     return warnings
 

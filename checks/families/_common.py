@@ -286,12 +286,8 @@ def normalise(text: str) -> str:
     """Case-folded with accents removed (NFKD, combining marks dropped): 'Sebastián' ->
     'sebastian', and without the invisible format characters (as plain_text). Used wherever
     the contract asks for forgiving matching."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
-    return "".join(
-        ch
-        for ch in decomposed
-        if not unicodedata.combining(ch) and unicodedata.category(ch) != "Cf"
-    )
+    decomposed = unicodedata.normalize("NFKD", plain_text(text).casefold())
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
 
 
 def json_equal(actual: Any, expected: Any) -> bool:

@@ -33,11 +33,12 @@ def _locate(
     substring checks share."""
     case_sensitive = get_bool(config, "case_sensitive", True)
     output = plain_text(artifact.final_output or "")  # each value is looked for as shown
+    searched = output if case_sensitive else output.casefold()
 
-    def shown(text: str) -> str:
-        return plain_text(text) if case_sensitive else plain_text(text).casefold()
+    def shown(value: str) -> str:
+        plain = plain_text(value)
+        return plain if case_sensitive else plain.casefold()
 
-    searched = shown(output)
     return output, [(value, searched.find(shown(value))) for value in values]
 
 
