@@ -390,6 +390,13 @@ class Run(models.Model):
             models.Index(fields=["project", "spec", "created"], name="run_project_spec_idx"),
             models.Index(fields=["project", "status", "created"], name="run_project_status_idx"),
             models.Index(fields=["project", "branch", "created"], name="run_project_branch_idx"),
+            # The regressions report's: each spec's newest completed runs, and the newest per
+            # branch, read from the index alone (the table holds each run's large JSON).
+            models.Index(
+                fields=["project", "status", "spec", "-finished", "-id"],
+                include=["branch"],
+                name="run_spec_recent_idx",
+            ),
         ]
         constraints = [
             # A retried request with the same Idempotency-Key finds this run, never a second.
@@ -650,6 +657,13 @@ class CheckResult(models.Model):
             models.Index(fields=["run", "invariant_id"], name="checkresult_run_invariant_idx"),
             models.Index(fields=["run", "failure_code"], name="checkresult_run_failure_idx"),
             models.Index(fields=["execution"], name="checkresult_execution_idx"),
+            # The failing results of a run's invariants (the regressions report's examples):
+            # a few in a hundred, found without reading the passing ones.
+            models.Index(
+                fields=["run", "invariant_id", "execution"],
+                condition=models.Q(passed=False),
+                name="checkresult_failing_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Max
@@ -51,6 +52,10 @@ class Regression:
     invariant: str = ""
     scenario: str = ""
     prompt_index: int | None = None
+    # The run's, as the report shows them (its branch label as stored: "" is main).
+    run_branch: str = ""
+    run_finished: datetime | None = None
+    run_labels: dict[str, Any] | None = None
 
     @property
     def compare_anchor(self) -> str:
@@ -115,15 +120,17 @@ def _counts_and_p(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def project_regressions(project: Project) -> list[Regression]:
-    """Every regression of every spec that has an active baseline: three queries."""
+    """Every regression of every spec that has an active baseline: two queries."""
     return project_group_changes(project)[0]
 
 
 def _latest_per_branch(project: Project, *, cells: bool) -> list[dict[str, Any]]:
     """Each (spec, branch) of the project's specs with an active baseline: the baseline that
     branch compares with (its own, else main's, as active_baseline_for decides), its group
-    verdicts (and with `cells` its cells'), and the branch's latest completed run. Runs with
-    no branch label are main's."""
+    verdicts (and with `cells` its cells'), and the branch's latest completed run with the
+    same parts of its verdicts (as `run`). Runs with no branch label are main's. Two
+    queries: the baselines, then the latest runs (found by a subquery, from
+    run_spec_recent_idx)."""
     parts = _verdict_parts(cells=cells)
     baselines = {
         (b["spec_id"], b["branch"]): b
@@ -131,7 +138,7 @@ def _latest_per_branch(project: Project, *, cells: bool) -> list[dict[str, Any]]
         .annotate(**parts)
         .values("name", "spec_id", "spec__slug", "branch", "run_id", *parts)
     }
-    latest = (
+    latest_ids = (
         Run.objects.filter(
             project=project,
             status=RunStatus.COMPLETED,
@@ -139,19 +146,26 @@ def _latest_per_branch(project: Project, *, cells: bool) -> list[dict[str, Any]]
         )
         .values("spec_id", "branch")
         .annotate(latest_run_id=Max("id"))  # ids grow with creation: the newest run
+        .values("latest_run_id")
+    )
+    latest = (
+        Run.objects.filter(pk__in=latest_ids)
+        .annotate(**parts)
+        .order_by()
+        .values("id", "spec_id", "branch", "finished", "labels", *parts)
     )
     pairs: dict[tuple[int, str], dict[str, Any]] = {}
-    for row in latest:
-        branch = row["branch"] or DEFAULT_BASELINE_BRANCH
-        baseline = baselines.get((row["spec_id"], branch)) or baselines.get(
-            (row["spec_id"], DEFAULT_BASELINE_BRANCH)
+    for run in latest:
+        branch = run["branch"] or DEFAULT_BASELINE_BRANCH
+        baseline = baselines.get((run["spec_id"], branch)) or baselines.get(
+            (run["spec_id"], DEFAULT_BASELINE_BRANCH)
         )
         if baseline is None:
             continue  # only a branch has a baseline, and this is another branch
-        scope = (row["spec_id"], branch)  # an unlabelled run and `main` are one scope
-        if scope not in pairs or pairs[scope]["latest_run_id"] < row["latest_run_id"]:
-            pairs[scope] = {**baseline, "latest_run_id": row["latest_run_id"]}
-    return sorted(pairs.values(), key=lambda p: (p["spec__slug"], p["latest_run_id"]))
+        scope = (run["spec_id"], branch)  # an unlabelled run and `main` are one scope
+        if scope not in pairs or pairs[scope]["run"]["id"] < run["id"]:
+            pairs[scope] = {**baseline, "run": run}
+    return sorted(pairs.values(), key=lambda p: (p["spec__slug"], p["run"]["id"]))
 
 
 def _verdict_parts(*, cells: bool) -> dict[str, KeyTransform]:
@@ -173,20 +187,14 @@ def project_group_changes(
     invariant x scenario cells of the matrix too (the report's per-invariant rows)."""
     baselines = _latest_per_branch(project, cells=cells)
     parts = _verdict_parts(cells=cells)
-    current = {
-        row["id"]: row
-        for row in Run.objects.filter(pk__in=[b["latest_run_id"] for b in baselines])
-        .annotate(**parts)
-        .values("id", *parts)
-    }
     regressions: list[Regression] = []
     improvements: list[Regression] = []
     for baseline in baselines:
-        run_id = baseline["latest_run_id"]
-        if run_id == baseline["run_id"]:
+        run = baseline["run"]
+        if run["id"] == baseline["run_id"]:
             continue  # nothing ran since the baseline was taken
         for part in parts:
-            before, after = _by_key(baseline[part]), _by_key(current[run_id][part])
+            before, after = _by_key(baseline[part]), _by_key(run[part])
             for key, old in before.items():
                 new = after.get(key)
                 if new is None or group_passed(old) == group_passed(new):
@@ -196,7 +204,7 @@ def project_group_changes(
                     Regression(
                         spec_slug=baseline["spec__slug"],
                         baseline_name=baseline["name"],
-                        run_id=run_id,
+                        run_id=run["id"],
                         group=key,
                         baseline_pass_rate=_group_pass_rate(old),
                         current_pass_rate=_group_pass_rate(new),
@@ -205,6 +213,9 @@ def project_group_changes(
                         invariant=str(new.get("invariant_id") or ""),
                         scenario=str(new.get("scenario") or ""),
                         prompt_index=new.get("prompt_index"),
+                        run_branch=run["branch"],
+                        run_finished=run["finished"],
+                        run_labels=run["labels"],
                         **_counts_and_p(old, new),
                     )
                 )

@@ -16,7 +16,6 @@ import json
 import re
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from functools import cached_property
 from typing import Any
 
 from django.db.models import F, Q, TextField, Window
@@ -150,21 +149,16 @@ def regression_changes(
     project: Project, *, with_history: bool = True
 ) -> tuple[list[RegressionRow], list[RegressionRow]]:
     """(regressions, improvements) of the project now, per scenario x prompt group and per
-    invariant x scenario cell. Without `with_history`, a regression's since-which-run and
-    failing executions are left out (three to seven queries), for readers that show neither:
+    invariant x scenario cell, in two queries. Without `with_history`, a regression's
+    since-which-run and failing executions are left out (two to four queries more, and one
+    for each spec whose streak goes past its newest runs), for readers that show neither:
     the digest and the alerts' count."""
     regressions, improvements = project_group_changes(project, cells=True)
-    history, failing = {}, {}
+    history: dict[str, _SpecHistory] = {}
+    failing: dict[tuple[Any, ...], list[int]] = {}
     if with_history:
         history = _recent_failing_keys(project, {r.spec_slug for r in regressions})
         failing = _failing_executions(regressions)
-    runs = {
-        row["id"]: row
-        for row in Run.objects.filter(
-            pk__in={r.run_id for r in [*regressions, *improvements]}
-        ).values("id", "branch", "finished", "labels")
-    }
-
     # Each row links three or more pages by id: made from URLs reversed once, as a reverse()
     # per link (~35 µs) over a hundred rows showed in the report's profile.
     run_url = id_paths("run_detail", project.slug)
@@ -172,13 +166,12 @@ def regression_changes(
     execution_url = id_paths("execution_detail", project.slug)
 
     def row(r: Regression) -> RegressionRow:
-        run = runs[r.run_id]
         return RegressionRow(
             spec=r.spec_slug,
-            branch=run["branch"],
+            branch=r.run_branch,
             baseline=r.baseline_name,
             run_id=r.run_id,
-            run_finished=_iso(run["finished"]),
+            run_finished=_iso(r.run_finished),
             group=r.group,
             baseline_pass_rate=r.baseline_pass_rate,
             current_pass_rate=r.current_pass_rate,
@@ -189,14 +182,14 @@ def regression_changes(
             baseline_counts=r.baseline_counts,
             current_counts=r.current_counts,
             p_value=r.p_value,
-            labels={str(k): str(v) for k, v in (run["labels"] or {}).items()},
+            labels={str(k): str(v) for k, v in (r.run_labels or {}).items()},
             invariant=r.invariant,
         )
 
     def regressed(r: Regression) -> RegressionRow:
         if not with_history:
             return row(r)
-        since = _failing_since(r, history.get(r.spec_slug, []))
+        since = _failing_since(r, history[r.spec_slug])
         return replace(
             row(r),
             since_run_id=since,
@@ -207,53 +200,82 @@ def regression_changes(
     return [regressed(r) for r in regressions], [row(r) for r in improvements]
 
 
-@dataclass
-class _PastRun:
-    """A run of a spec's history with its Run.failing_keys as JSON text, decoded only when
-    a streak reaches the run: most streaks end at the run before the regressed one, and
-    decoding the 50 runs of every spec was a tenth of the report's time."""
-
-    id: int
-    failing_keys_json: str | None
-
-    @cached_property
-    def failing(self) -> dict[str, set[str]]:
-        keys = json.loads(self.failing_keys_json or "{}") or {}
-        return {part: set(keys.get(part) or ()) for part in ("groups", "cells")}
+# The newest runs of a spec whose failing keys come with the runs; an older run's are read
+# only when a streak reaches it (most streaks end at the run before the regressed one).
+SINCE_FIRST_READ = 5
 
 
-def _recent_failing_keys(project: Project, specs: set[str]) -> dict[str, list[_PastRun]]:
-    """Per spec, its last SINCE_LOOKBACK completed runs, newest first, with the keys of the
-    groups and of the cells that did not pass (Run.failing_keys, not the runs'
-    summaries). One query for every spec: the runs numbered per spec by the database."""
-    history: dict[str, list[_PastRun]] = {spec: [] for spec in specs}
+class _SpecHistory:
+    """A spec's last SINCE_LOOKBACK completed runs, newest first, and the keys of the groups
+    and cells that did not pass in each (Run.failing_keys), decoded when a streak first
+    reaches the run. The newest runs' keys come read (`keys_json`, shared by the specs);
+    an older run's are read with the rest of its spec's when first needed: most streaks end
+    at the run before the regressed one, and reading every run's keys, 250 of them for five
+    specs, was the larger part of the report's time."""
+
+    def __init__(self, run_ids: list[int], keys_json: dict[int, str | None]) -> None:
+        self.run_ids = run_ids
+        self._keys_json = keys_json
+        self._failing: dict[int, dict[str, set[str]]] = {}
+
+    def failing(self, run_id: int, kind: str) -> set[str]:
+        if run_id not in self._failing:
+            if run_id not in self._keys_json:
+                unread = [pk for pk in self.run_ids if pk not in self._keys_json]
+                self._keys_json.update(_failing_keys_json(unread))
+            keys = json.loads(self._keys_json[run_id] or "{}") or {}
+            self._failing[run_id] = {
+                part: set(keys.get(part) or ()) for part in ("groups", "cells")
+            }
+        return self._failing[run_id][kind]
+
+
+def _failing_keys_json(run_ids: list[int]) -> dict[int, str | None]:
+    """Run.failing_keys of these runs as JSON text (decoded only where a streak reaches)."""
+    found: dict[int, str | None] = dict.fromkeys(run_ids)
+    found.update(
+        Run.objects.filter(pk__in=run_ids)
+        .annotate(failing_keys_json=Cast("failing_keys", output_field=TextField()))
+        .order_by()
+        .values_list("id", "failing_keys_json")
+    )
+    return found
+
+
+def _recent_failing_keys(project: Project, specs: set[str]) -> dict[str, _SpecHistory]:
+    """Per spec, its last SINCE_LOOKBACK completed runs, newest first (one query for every
+    spec: the runs numbered per spec by the database, from run_spec_recent_idx alone), with
+    the failing keys of each one's newest SINCE_FIRST_READ runs read (one more query)."""
     if not specs:
-        return history
+        return {}
     newest_first = [F("finished").desc(), F("id").desc()]
     runs = (
         Run.objects.filter(project=project, spec__slug__in=specs, status="completed")
         .annotate(recency=Window(RowNumber(), partition_by=F("spec_id"), order_by=newest_first))
         .filter(recency__lte=SINCE_LOOKBACK)
         .order_by("spec_id", "recency")
-        .annotate(failing_keys_json=Cast("failing_keys", output_field=TextField()))
-        .values_list("spec__slug", "id", "failing_keys_json")
+        .values_list("spec__slug", "id")
     )
-    for spec, run_id, keys in runs:
-        history[spec].append(_PastRun(run_id, keys))
-    return history
+    by_spec: dict[str, list[int]] = {spec: [] for spec in specs}
+    for spec, run_id in runs:
+        by_spec[spec].append(run_id)
+    keys_json = _failing_keys_json(
+        [run_id for run_ids in by_spec.values() for run_id in run_ids[:SINCE_FIRST_READ]]
+    )
+    return {spec: _SpecHistory(run_ids, keys_json) for spec, run_ids in by_spec.items()}
 
 
-def _failing_since(r: Regression, runs: list[_PastRun]) -> int | None:
+def _failing_since(r: Regression, history: _SpecHistory) -> int | None:
     """The oldest run of the unbroken streak, ending at the regressed run, in which the
     group or cell did not pass (a run without it, or where it passed, ends the streak)."""
     since = None
     kind = "cells" if r.invariant else "groups"
-    for run in runs:
-        if run.id > r.run_id:
+    for run_id in history.run_ids:
+        if run_id > r.run_id:
             continue  # newer than the run the regression was read from
-        if r.group not in run.failing[kind]:
+        if r.group not in history.failing(run_id, kind):
             break
-        since = run.id
+        since = run_id
     return since
 
 

@@ -27,6 +27,7 @@ from evaluations.selectors.regressions import (
     project_group_changes,
     summary_failing_keys,
 )
+from evaluations.selectors.reports import SINCE_FIRST_READ
 from tests.evaluations.views.run_data import (
     runs_a_backfill_meets,
     synthetic_run,
@@ -245,3 +246,30 @@ def test_the_report_reads_every_specs_history_in_one_query(
 
     assert specs == [1, 2, 3]
     assert counts[0] == counts[1] == counts[2]
+
+
+def test_a_streak_longer_than_the_runs_read_first_is_followed_to_its_start(
+    two_projects: Any, member: Any, client_as: Any
+) -> None:
+    """The failing keys of a spec's newest runs come with the runs; a streak that goes past
+    them has the older runs' keys read then (one query more), and ends where a run passed."""
+    mine, client = two_projects.mine, client_as("viewer")
+    admin = member("admin")
+    url = reverse("regressions", args=[mine.slug]) + "?format=json"
+    version = synthetic_version(mine)
+    baseline = synthetic_run(version, failing_scenario="", flaky_scenario="")
+    services.baseline_promote(run_id=baseline.pk, user=admin, reason="passing")
+    synthetic_run(version)  # failed once, long ago
+    synthetic_run(version, failing_scenario="", flaky_scenario="")  # passed: a streak ends here
+    short = [synthetic_run(version)]
+    with CaptureQueriesContext(connection) as read_first:
+        rows = json.loads(client.get(url).content)["regressions"]
+    assert {row["since_run_id"] for row in rows} == {short[0].pk}
+
+    streak = short + [synthetic_run(version) for _ in range(SINCE_FIRST_READ + 1)]
+    with CaptureQueriesContext(connection) as read_later:
+        rows = json.loads(client.get(url).content)["regressions"]
+
+    assert {row["run_id"] for row in rows} == {streak[-1].pk}
+    assert {row["since_run_id"] for row in rows} == {streak[0].pk}
+    assert len(read_later.captured_queries) == len(read_first.captured_queries) + 1
