@@ -406,10 +406,12 @@ def review_agreement(
     days = ReviewAgreementDay.objects.filter(project=project)
     if spec is not None:
         days = days.filter(spec=spec)
-    # Summed per day: a day has one row per spec (and now and then two for one spec).
+    # Summed per day for the trend (a day has one row per spec, and now and then two for one
+    # spec); without it, per judge only: a row a judge rather than a row a day.
+    per = ("day",) if with_trend else ()
     rows = (
         days.order_by()
-        .values("judge_model", "criteria", "prompt_version", "day")
+        .values("judge_model", "criteria", "prompt_version", *per)
         .annotate(
             both_pass_sum=Sum("both_pass"),
             both_fail_sum=Sum("both_fail"),
@@ -430,9 +432,9 @@ def review_agreement(
             scored=row["scored_sum"],
         )
         if tally.n == 0:
-            continue  # every item counted that day was reopened since: no pairs
+            continue  # every item counted that day (or at all) was reopened since: no pairs
         groups[(row["judge_model"], row["criteria"], row["prompt_version"])].append(
-            (row["day"], tally)
+            (row.get("day"), tally)
         )
     return [
         AgreementRow(
