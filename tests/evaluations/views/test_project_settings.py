@@ -8,11 +8,14 @@ import re
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from evaluations import services
 from evaluations.models import Project
+from tests.evaluations.views.run_data import synthetic_run, synthetic_version
 
 from .conftest import ALL_ROLES
 
@@ -179,3 +182,47 @@ def test_an_admin_of_one_project_cannot_change_the_others(two_projects, client_a
 def test_settings_need_login(two_projects):
     response = Client().get(SETTINGS)
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+def test_the_firings_list_reads_none_of_a_runs_large_columns(
+    two_projects: Any, member: Any
+) -> None:
+    """The settings page and the API list up to 50 firings with their run's spec: neither
+    reads the run's summary (about 0.5 kB an execution), verdicts or keys for that, nor the
+    channel's secret."""
+    mine = two_projects.mine
+    channel = services.alert_channel_create(
+        project=mine, name="ops", kind="email", target="ops@example.com"
+    )
+    services.alert_rule_create(
+        project=mine, name="low", condition="pass_rate < 1", channel_ids=[channel.pk]
+    )
+    run = synthetic_run(synthetic_version(mine))  # a failing run: the rule fires for it
+    services.alerts_evaluate(run_id=run.pk)
+    admin = member("admin")
+    _, token = services.token_issue(project=mine, user=admin, name="t")
+    browser = Client()
+    browser.force_login(admin)
+    requests = {
+        "settings page": lambda: browser.get(reverse("project_settings", args=[mine.slug])),
+        "API": lambda: Client().get(
+            reverse("api:alert_firings", args=[mine.slug]),
+            headers={"Authorization": f"Bearer {token}"},
+        ),
+    }
+    large = [
+        '"evaluations_run"."summary"',
+        '"evaluations_run"."verdicts"',
+        '"evaluations_run"."failing_keys"',
+        '"evaluations_alertchannel"."secret_encrypted"',
+    ]
+    for name, request in requests.items():
+        with CaptureQueriesContext(connection) as queries:
+            response = request()
+        assert response.status_code == 200, name
+        assert f"{run.spec.slug}" in response.content.decode(), name  # the firing is listed
+        reads = [
+            q["sql"] for q in queries.captured_queries if '"evaluations_alertfiring"' in q["sql"]
+        ]
+        assert reads, name
+        assert [column for column in large if any(column in sql for sql in reads)] == [], name
