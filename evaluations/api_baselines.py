@@ -43,7 +43,7 @@ class RollbackIn(Schema):
     branch: str = "main"
 
 
-def _out(baseline: Baseline, spec_slug: str) -> BaselineOut:
+def _out(baseline: Baseline, spec_slug: str, cells: int) -> BaselineOut:
     return BaselineOut(
         id=baseline.pk,
         spec=spec_slug,
@@ -57,7 +57,7 @@ def _out(baseline: Baseline, spec_slug: str) -> BaselineOut:
         created_by=baseline.created_by.get_username() if baseline.created_by else None,
         rolled_back=baseline.rolled_back,
         rolled_back_by=baseline.rolled_back_by.get_username() if baseline.rolled_back_by else None,
-        cells=baseline.cells.count(),
+        cells=cells,
     )
 
 
@@ -82,7 +82,7 @@ def baseline_promote(
         )
     except services.BaselineError as exc:
         raise ApiInputError("run_id", str(exc)) from exc
-    return Status(201, _out(baseline, run.spec.slug))
+    return Status(201, _out(baseline, run.spec.slug, baseline.cells.count()))
 
 
 @router.get(
@@ -94,7 +94,8 @@ def baseline_history(request: HttpRequest, slug: str, spec_slug: str) -> list[Ba
     """Every promotion of the spec, newest first (active, replaced or rolled back)."""
     caller = _caller(request, slug, Role.VIEWER)
     spec = spec_in(caller.project, spec_slug)
-    return [_out(b, spec.slug) for b in selectors.spec_baseline_history(spec.pk)]
+    history = selectors.spec_baseline_history(spec.pk)
+    return [_out(b, spec.slug, b.cell_count) for b in history]  # type: ignore[attr-defined]
 
 
 @router.post(
@@ -114,4 +115,4 @@ def baseline_rollback(
         )
     except services.BaselineError as exc:
         raise ApiInputError("branch", str(exc)) from exc
-    return _out(restored, spec.slug)
+    return _out(restored, spec.slug, restored.cells.count())

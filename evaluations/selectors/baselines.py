@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
-from evaluations.models import DEFAULT_BASELINE_BRANCH, Baseline
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
+
+from evaluations.models import DEFAULT_BASELINE_BRANCH, Baseline, BaselineCell
 
 
 def active_baseline_for(spec_id: int, branch: str = "") -> Baseline | None:
@@ -20,10 +23,20 @@ def active_baseline_for(spec_id: int, branch: str = "") -> Baseline | None:
 
 
 def spec_baseline_history(spec_id: int) -> list[Baseline]:
-    """Every promotion of the spec, newest first, with who promoted and rolled back."""
+    """Every promotion of the spec, newest first, with who promoted and rolled back, what it
+    replaced (by name) and how many executions it froze (`cell_count`): one query, without
+    the frozen data or verdicts of any."""
+    cells = (
+        BaselineCell.objects.filter(baseline=OuterRef("pk"))
+        .order_by()
+        .values("baseline")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
     return list(
         Baseline.objects.filter(spec_id=spec_id)
-        .select_related("created_by", "rolled_back_by", "previous", "run")
-        .defer("data", "run__summary", "run__options", "previous__data")
+        .select_related("created_by", "rolled_back_by", "previous")
+        .defer("data", "verdicts", "previous__data", "previous__verdicts")
+        .annotate(cell_count=Coalesce(Subquery(cells), 0))
         .order_by("-created", "-id")
     )

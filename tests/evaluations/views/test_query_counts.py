@@ -193,3 +193,55 @@ def test_no_page_issues_more_queries_with_three_times_the_rows(
         with django_assert_max_num_queries(few[name], info=name):
             response = client.get(url)
         assert response.status_code == 200, name
+
+
+def api_urls(growing: Growing) -> dict[str, str]:
+    """Every GET of the REST API that reads rows (the run's event stream and an artifact's
+    download are not lists), by its url name."""
+    slug = growing.project.slug
+    assert growing.version is not None
+    spec = growing.version.spec.slug
+    before, after = growing.subjects[-2:]
+    execution = Execution.objects.filter(run=after).order_by("id").first()
+    item = ReviewItem.objects.filter(project=growing.project).order_by("id").first()
+    assert execution is not None and item is not None
+
+    def api(name: str, *args: Any) -> str:
+        return reverse(f"api:{name}", args=args)
+
+    return {
+        "spec_list": api("spec_list", slug),
+        "spec_versions": api("spec_versions", slug, spec),
+        "spec_version": api("spec_version", slug, spec, 1),
+        "spec_diff": api("spec_diff", slug, spec) + "?a=1&b=2",
+        "baseline_history": api("baseline_history", slug, spec),
+        "runs": api("runs", slug),
+        "run_detail": api("run_detail", slug, after.pk),
+        "run_report": api("run_report", slug, after.pk),
+        "run_compare": api("run_compare", slug, after.pk) + f"?against={before.pk}",
+        "executions": api("executions", slug, after.pk),
+        "execution_detail": api("execution_detail", slug, execution.pk),
+        "regressions": api("regressions", slug),
+        "reviews": api("reviews", slug),
+        "review_item": api("review_item", slug, item.pk),
+        "alert_rules": api("alert_rules", slug),
+        "alert_firings": api("alert_firings", slug),
+        "project tokens": api("project_token_create", slug),
+    }
+
+
+def test_no_api_list_issues_more_queries_with_three_times_the_rows(
+    growing: Growing, django_assert_max_num_queries: Any
+) -> None:
+    """The API's lists are the pages' rows as JSON: the same rule, a query per list, not
+    per row."""
+    _, token = services.token_issue(project=growing.project, user=growing.admin, name="ci")
+    client = Client(headers={"Authorization": f"Bearer {token}"})
+    growing.grow(N)
+    few = query_counts(client, api_urls(growing))
+
+    growing.grow(2 * N)
+    for name, url in api_urls(growing).items():
+        with django_assert_max_num_queries(few[name], info=name):
+            response = client.get(url)
+        assert response.status_code == 200, name
