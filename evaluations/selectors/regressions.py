@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Max
+from django.db.models import F, Max
 from django.db.models.fields.json import KeyTransform
 from django.utils.text import slugify
 
@@ -127,16 +127,15 @@ def project_regressions(project: Project) -> list[Regression]:
 def _latest_per_branch(project: Project, *, cells: bool) -> list[dict[str, Any]]:
     """Each (spec, branch) of the project's specs with an active baseline: the baseline that
     branch compares with (its own, else main's, as active_baseline_for decides), its group
-    verdicts (and with `cells` its cells'), and the branch's latest completed run with the
-    same parts of its verdicts (as `run`). Runs with no branch label are main's. Two
+    verdicts (and with `cells` its cells') as `compared`, and the branch's latest completed
+    run with the same (as `run`). Runs with no branch label are main's. Two
     queries: the baselines, then the latest runs (found by a subquery, from
     run_spec_recent_idx)."""
-    parts = _verdict_parts(cells=cells)
     baselines = {
-        (b["spec_id"], b["branch"]): b
+        (b["spec_id"], b["branch"]): {**b, "compared": _parts(b["compared"], cells=cells)}
         for b in Baseline.objects.filter(project=project, active=True)
-        .annotate(**parts)
-        .values("name", "spec_id", "spec__slug", "branch", "run_id", *parts)
+        .annotate(compared=_verdicts_read(cells=cells))
+        .values("name", "spec_id", "spec__slug", "branch", "run_id", "compared")
     }
     latest_ids = (
         Run.objects.filter(
@@ -150,12 +149,13 @@ def _latest_per_branch(project: Project, *, cells: bool) -> list[dict[str, Any]]
     )
     latest = (
         Run.objects.filter(pk__in=latest_ids)
-        .annotate(**parts)
+        .annotate(compared=_verdicts_read(cells=cells))
         .order_by()
-        .values("id", "spec_id", "branch", "finished", "labels", *parts)
+        .values("id", "spec_id", "branch", "finished", "labels", "compared")
     )
     pairs: dict[tuple[int, str], dict[str, Any]] = {}
     for run in latest:
+        run["compared"] = _parts(run["compared"], cells=cells)
         branch = run["branch"] or DEFAULT_BASELINE_BRANCH
         baseline = baselines.get((run["spec_id"], branch)) or baselines.get(
             (run["spec_id"], DEFAULT_BASELINE_BRANCH)
@@ -168,14 +168,16 @@ def _latest_per_branch(project: Project, *, cells: bool) -> list[dict[str, Any]]
     return sorted(pairs.values(), key=lambda p: (p["spec__slug"], p["run"]["id"]))
 
 
-def _verdict_parts(*, cells: bool) -> dict[str, KeyTransform]:
-    """The parts of a run's or baseline's `verdicts` compared: the cells only for the
-    report's per-invariant rows (the overview compares groups alone). Named apart from the
-    models' fields (a baseline's `cells` are its BaselineCell rows)."""
-    parts = {"group_verdicts": KeyTransform("groups", "verdicts")}
-    if cells:
-        parts["cell_verdicts"] = KeyTransform("cells", "verdicts")
-    return parts
+def _verdicts_read(*, cells: bool) -> F | KeyTransform:
+    """What is read of a run's or baseline's `verdicts`: with `cells` (the report's
+    per-invariant rows) the whole of it, groups and cells, read at once (each part read
+    apart unpacked the stored JSON once a part); without, its groups alone (the overview's).
+    Made a mapping of part to list by _parts."""
+    return F("verdicts") if cells else KeyTransform("groups", "verdicts")
+
+
+def _parts(read: Any, *, cells: bool) -> dict[str, Any]:
+    return (read or {}) if cells else {"groups": read}
 
 
 def project_group_changes(
@@ -186,7 +188,7 @@ def project_group_changes(
     each branch's latest run against its branch's baseline (else main's). With `cells`, the
     invariant x scenario cells of the matrix too (the report's per-invariant rows)."""
     baselines = _latest_per_branch(project, cells=cells)
-    parts = _verdict_parts(cells=cells)
+    parts = ("groups", "cells") if cells else ("groups",)
     regressions: list[Regression] = []
     improvements: list[Regression] = []
     for baseline in baselines:
@@ -194,7 +196,8 @@ def project_group_changes(
         if run["id"] == baseline["run_id"]:
             continue  # nothing ran since the baseline was taken
         for part in parts:
-            before, after = _by_key(baseline[part]), _by_key(run[part])
+            before = _by_key(baseline["compared"].get(part))
+            after = _by_key(run["compared"].get(part))
             for key, old in before.items():
                 new = after.get(key)
                 if new is None or group_passed(old) == group_passed(new):
