@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, Subquery
 from django.http import Http404, HttpRequest
 
-from evaluations.models import ROLE_RANK, Project, Role, Spec
+from evaluations.models import ROLE_RANK, Membership, Project, Role, Spec, role_given
 
 # The one answer for a project someone may not see, whether it exists or not.
 NO_SUCH_PROJECT = "No such project."
@@ -42,10 +43,16 @@ class ProjectAccess:
 
 
 def member_project(slug: str, user: Any) -> tuple[Project, Role]:
-    """The project named by `slug` and `user`'s role there, if they are a member. A project
-    that does not exist and one they are not a member of get the same 404, word for word."""
-    project = Project.objects.filter(slug=slug).first()
-    role = project.role_of(user) if project is not None else None
+    """The project named by `slug` and `user`'s role there, if they are a member, read in
+    one query with their membership (every page asks). A project that does not exist and
+    one they are not a member of get the same 404, word for word."""
+    membership = Membership.objects.filter(project=OuterRef("pk"), user_id=user.pk)
+    project = (
+        Project.objects.filter(slug=slug)
+        .annotate(member_role=Subquery(membership.values("role")[:1]))
+        .first()
+    )
+    role = role_given(user, lambda: project.member_role) if project is not None else None
     if project is None or role is None:
         raise Http404(NO_SUCH_PROJECT)
     return project, role

@@ -80,21 +80,35 @@ class Project(models.Model):
 
     def role_of(self, user: AbstractBaseUser | AnonymousUser | None) -> Role | None:
         """The user's role here; superusers are admins of every project."""
-        if user is None or not user.is_authenticated or not user.is_active:
-            return None
-        if getattr(user, "is_superuser", False):
-            return Role.ADMIN
-        role = (
-            Membership.objects.filter(project=self, user_id=user.pk)
-            .values_list("role", flat=True)
-            .first()
-        )
-        return Role(role) if role else None
+
+        def membership_role() -> str | None:
+            assert user is not None and user.is_authenticated  # asked only for those
+            return (
+                Membership.objects.filter(project=self, user_id=user.pk)
+                .values_list("role", flat=True)
+                .first()
+            )
+
+        return role_given(user, membership_role)
 
     def has_role(self, user: AbstractBaseUser | AnonymousUser | None, minimum: str) -> bool:
         needed = ROLE_RANK[Role(minimum)]  # an unknown role name is a bug: ValueError
         role = self.role_of(user)
         return role is not None and ROLE_RANK[role] >= needed
+
+
+def role_given(
+    user: AbstractBaseUser | AnonymousUser | None, membership_role: Callable[[], str | None]
+) -> Role | None:
+    """A user's role in a project whose membership row gives `membership_role()` (asked
+    only for an active user who is not a superuser): superusers are admins of every
+    project, and nobody else has a role without a membership."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return None
+    if getattr(user, "is_superuser", False):
+        return Role.ADMIN
+    role = membership_role()
+    return Role(role) if role else None
 
 
 class Membership(models.Model):
