@@ -319,8 +319,7 @@ def _settings_context(
         "alert_firings": selectors.project_alert_firings(project.pk),
         "alert_windows": AlertWindow.choices,
         "channel_kinds": ChannelKind.choices,
-        "digest_day": settings.KEYSTONE_DIGEST_DAY,
-        "digest_hour": settings.KEYSTONE_DIGEST_HOUR,
+        **_digest_schedule(),
         # The alert forms, empty (a refused one comes back filled: project_alerts).
         "channel_form": {"digest": True},
         "rule_form": {"channels": []},
@@ -481,11 +480,22 @@ def project_alerts(request: HttpRequest, project_slug: str) -> HttpResponse:
 
 @login_required
 def project_digest_preview(request: HttpRequest, project_slug: str) -> HttpResponse:
-    """The weekly digest as it would go out now (nothing is sent or stored)."""
+    """The weekly digest as it would go out now (nothing is sent or stored): the settings
+    page with it, or for htmx (the page's button) its region alone, which needs none of
+    the page's lists."""
     access = project_for(request, project_slug, Role.ADMIN)
     preview = selectors.digest_markdown(
         access.project, end=timezone.now(), base_url=settings.KEYSTONE_BASE_URL
     )
+    if is_htmx(request):
+        context = {"access": access, "digest_preview": preview, **_digest_schedule()}
+        return render(request, "projects/settings.html#digest-preview", context)
     context = _settings_context(request, access, digest_preview=preview)
-    template = page_or_region(request, "projects/settings.html", "digest-preview")
-    return render(request, template, context)
+    return render(request, "projects/settings.html", context)
+
+
+def _digest_schedule() -> dict[str, Any]:
+    return {
+        "digest_day": settings.KEYSTONE_DIGEST_DAY,
+        "digest_hour": settings.KEYSTONE_DIGEST_HOUR,
+    }

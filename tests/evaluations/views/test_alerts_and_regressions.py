@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -226,11 +228,18 @@ def test_preview_digest_renders_it_on_the_settings_page(two_projects: Any, clien
     client = client_as("admin")
     page = client.get(reverse("project_settings", args=[mine.slug])).content.decode()
     assert "Preview digest</button>" in page and 'id="digest-markdown"' not in page
-    region = client.get(
-        reverse("project_digest_preview", args=[mine.slug]), HTTP_HX_REQUEST="true"
-    ).content.decode()
+    with CaptureQueriesContext(connection) as queries:
+        region = client.get(
+            reverse("project_digest_preview", args=[mine.slug]), HTTP_HX_REQUEST="true"
+        ).content.decode()
     assert region.lstrip().startswith('<div id="digest-preview">')
     assert "# Keystone weekly digest: Mine" in region and "$2.00 over 1 run(s)" in region
+    # The button's request gets the region alone, and reads none of the page's lists.
+    listed = ("evaluations_apitoken", "evaluations_alertrule", "evaluations_alertchannel")
+    read = " ".join(q["sql"] for q in queries.captured_queries)
+    assert [table for table in listed if f'FROM "{table}"' in read] == []
+    page = client.get(reverse("project_digest_preview", args=[mine.slug])).content.decode()
+    assert "# Keystone weekly digest: Mine" in page and 'id="api-tokens"' in page
     assert client_as("editor").get(
         reverse("project_digest_preview", args=[mine.slug])
     ).status_code in (403, 404)
