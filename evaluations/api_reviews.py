@@ -107,13 +107,7 @@ def _verdict_out(verdict: Any) -> VerdictOut:
 
 
 def _item(caller: Caller, item_id: int) -> ReviewItem:
-    item = (
-        ReviewItem.objects.select_related(
-            "run__spec_version", "spec", "execution", "check_result", "claimed_by"
-        )
-        .filter(project=caller.project, pk=item_id)
-        .first()
-    )
+    item = selectors.review_item_in_project(caller.project, item_id)
     if item is None:
         raise Http404("No such review item in this project.")
     return item

@@ -285,6 +285,28 @@ class ReviewItemView:
     conversation: list[dict[str, str]]
 
 
+def review_item_in_project(project: Project, item_id: int) -> ReviewItem | None:
+    """A review item with what its page and the API show of it: its spec, execution, result,
+    who claimed and adjudicated it, and its run's spec version. Not the run's summary,
+    verdicts or keys (the summary alone ~0.5 kB of JSON an execution, decompressed and
+    decoded), nor the spec version's text."""
+    return (
+        ReviewItem.objects.select_related(
+            "run__spec_version",
+            "spec",
+            "execution",
+            "check_result",
+            "claimed_by",
+            "adjudicated_by",
+        )
+        .defer(
+            "run__summary", "run__verdicts", "run__failing_keys", "run__spec_version__source_yaml"
+        )
+        .filter(project=project, pk=item_id)
+        .first()
+    )
+
+
 def review_item_view(item: Any) -> ReviewItemView:
     result = item.check_result
     execution = item.execution

@@ -204,21 +204,7 @@ def _start_reviewing(request: HttpRequest, project_slug: str) -> HttpResponse:
 
 
 def _item_or_404(access: ProjectAccess, item_id: int) -> ReviewItem:
-    item = (
-        ReviewItem.objects.select_related(
-            "run__spec_version",
-            "spec",
-            "execution",
-            "check_result",
-            "claimed_by",
-            "adjudicated_by",
-        )
-        # The page reads the run's spec version only: not its summary (~60 kB of JSON
-        # the database decompresses and Python decodes).
-        .defer("run__summary")
-        .filter(project=access.project, pk=item_id)
-        .first()
-    )
+    item = selectors.review_item_in_project(access.project, item_id)
     if item is None:
         raise Http404("No such review item in this project.")
     return item

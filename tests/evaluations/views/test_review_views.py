@@ -121,6 +121,35 @@ def test_items_of_another_project_are_not_found(
     assert sent.context["exception"] == "No such check result in this project."
 
 
+def test_an_item_is_read_without_its_runs_summary_by_the_page_and_the_api(
+    two_projects: Any, world: Run, member: Callable[..., Any]
+) -> None:
+    """An item's page and the API's item show its run's spec version, not the run's
+    summary (~0.5 kB of JSON an execution: megabytes for a large run) or verdicts; the API
+    read them all."""
+    item = items(world)[0]
+    admin = member("admin")
+    _, token = services.token_issue(project=two_projects.mine, user=admin, name="ci")
+    browser = Client()
+    browser.force_login(admin)
+    requests = {
+        "page": lambda: browser.get(url("review_item", item.pk)),
+        "API": lambda: Client().get(
+            reverse("api:review_item", args=[two_projects.mine.slug, item.pk]),
+            headers={"Authorization": f"Bearer {token}"},
+        ),
+    }
+    large = ['"evaluations_run"."summary"', '"evaluations_run"."verdicts"']
+    for name, request in requests.items():
+        with CaptureQueriesContext(connection) as queries:
+            response = request()
+        assert response.status_code == 200, name
+        assert item.invariant_id in response.content.decode(), name
+        read = " ".join(q["sql"] for q in queries.captured_queries)
+        assert '"evaluations_reviewitem"' in read, name
+        assert [column for column in large if column in read] == [], name
+
+
 # --- The queue ------------------------------------------------------------------------------
 
 
