@@ -16,7 +16,7 @@ from checks.compare import DEFAULT_ALPHA, Comparison, StoredSummary, compare_sum
 from checks.report_model import RunSummary
 from checks.scoring import score_run
 from checks.spec.model import Spec as EngineSpec
-from evaluations.models import RUN_TERMINAL_STATUSES, Execution, Run
+from evaluations.models import RUN_TERMINAL_STATUSES, Execution, Run, run_large_fields
 from evaluations.numbers import whole_number
 from evaluations.selectors.baselines import active_baseline_for
 from evaluations.selectors.records import run_records
@@ -46,7 +46,7 @@ def comparison_reference(after: Run, against: str) -> Run:
         before_id = number
     before = (
         Run.objects.select_related("spec", "spec_version")
-        .defer("summary", "spec_version__source_yaml")
+        .defer(*run_large_fields(), "spec_version__source_yaml")
         .filter(pk=before_id)
         .first()
     )

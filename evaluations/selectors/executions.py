@@ -18,6 +18,7 @@ from evaluations.models import (
     ExecutionStatus,
     Project,
     Run,
+    run_large_fields,
 )
 from evaluations.selectors.runs import RESULT_SOURCE_RANK
 
@@ -33,7 +34,11 @@ def execution_for_page(project: Project, execution_id: int) -> Execution | None:
     return (
         Execution.objects.filter(project=project, pk=execution_id)
         .select_related("run__spec", "run__spec_version")
-        .defer("run__summary", "run__spec_version__source_yaml", "run__spec_version__parsed")
+        .defer(
+            *run_large_fields("run__"),
+            "run__spec_version__source_yaml",
+            "run__spec_version__parsed",
+        )
         .first()
     )
 

@@ -23,6 +23,7 @@ from evaluations.models import (
     ReviewStatus,
     ReviewVerdict,
     Spec,
+    run_large_fields,
 )
 from evaluations.numbers import whole_number
 from evaluations.selectors.bounds import capped_counts
@@ -299,9 +300,7 @@ def review_item_in_project(project: Project, item_id: int) -> ReviewItem | None:
             "claimed_by",
             "adjudicated_by",
         )
-        .defer(
-            "run__summary", "run__verdicts", "run__failing_keys", "run__spec_version__source_yaml"
-        )
+        .defer(*run_large_fields("run__"), "run__spec_version__source_yaml")
         .filter(project=project, pk=item_id)
         .first()
     )

@@ -20,6 +20,7 @@ from evaluations.models import (
     Project,
     Run,
     Spec,
+    run_large_fields,
 )
 from evaluations.selectors.bounds import RUN_ROW_FIELDS, SPEC_LIST_MAX
 
@@ -175,7 +176,7 @@ def run_for_page(project: Project, run_id: int) -> tuple[Run, dict[str, Any]] | 
     run = (
         Run.objects.filter(project=project, pk=run_id)
         .select_related("spec", "spec_version", "created_by")
-        .defer("summary", "spec_version__source_yaml", "spec_version__parsed")
+        .defer(*run_large_fields(), "spec_version__source_yaml", "spec_version__parsed")
         .annotate(**parts)
         .first()
     )
@@ -190,7 +191,7 @@ def run_in_project(project: Project, run_id: int) -> Run | None:
     return (
         Run.objects.filter(project=project, pk=run_id)
         .select_related("spec", "spec_version")
-        .defer("summary", "spec_version__source_yaml")
+        .defer(*run_large_fields(), "spec_version__source_yaml")
         .first()
     )
 

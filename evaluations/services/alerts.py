@@ -46,6 +46,7 @@ from evaluations.models import (
     Project,
     Run,
     RunStatus,
+    run_large_fields,
 )
 from evaluations.selectors.alerts import (
     AlertConditionError,
@@ -214,7 +215,8 @@ def alerts_evaluate(*, run_id: int) -> list[int]:
     """Create the firings of every enabled rule of the run's project that holds as of this
     run (idempotent: the unique constraint keeps the first), and return the ids of this
     run's firings still waiting to be sent."""
-    run = Run.objects.select_related("spec", "project").get(pk=run_id)
+    # A rule reads the run's stored figures, never its summary, verdicts or keys.
+    run = Run.objects.select_related("spec", "project").defer(*run_large_fields()).get(pk=run_id)
     if run.status != RunStatus.COMPLETED or run.finished is None:
         return []
     for rule in AlertRule.objects.filter(project=run.project, enabled=True).prefetch_related(
@@ -426,8 +428,10 @@ def firing_deliver(*, firing_id: int) -> str:
     claimed = AlertFiring.objects.filter(pk=firing_id, status=FiringStatus.PENDING).update(
         status=FiringStatus.SENDING, sending_since=timezone.now()
     )
-    firing = AlertFiring.objects.select_related("rule", "channel", "run__spec", "run__project").get(
-        pk=firing_id
+    firing = (
+        AlertFiring.objects.select_related("rule", "channel", "run__spec", "run__project")
+        .defer(*run_large_fields("run__"))
+        .get(pk=firing_id)
     )
     if not claimed:
         return firing.status  # delivered, failed, or another worker is sending it

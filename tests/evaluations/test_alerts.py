@@ -8,7 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -298,3 +299,18 @@ def test_a_disabled_rule_or_a_passing_condition_creates_nothing(project: Project
     bad = finished_run(spec_in(project), finished=NOW + timedelta(hours=1), pass_rate=0.1)
     assert services.alerts_evaluate(run_id=bad.pk) == []
     assert not AlertFiring.objects.exists()
+
+
+def test_evaluating_a_run_reads_none_of_its_large_columns(project: Project) -> None:
+    """A rule reads the run's stored figures: its summary (~0.5 kB of JSON an execution),
+    verdicts and keys are not read, whatever the run's size."""
+    services.alert_rule_create(
+        project=project, name="low", condition="pass_rate < 0.9", channel_ids=[_channel(project).pk]
+    )
+    run = finished_run(spec_in(project), finished=NOW, pass_rate=0.5)
+    with CaptureQueriesContext(connection) as queries:
+        assert len(services.alerts_evaluate(run_id=run.pk)) == 1
+    read = " ".join(q["sql"] for q in queries.captured_queries)
+    large = ['"evaluations_run"."summary"', '"evaluations_run"."verdicts"']
+    assert '"evaluations_run"' in read
+    assert [column for column in large if column in read] == []
