@@ -541,14 +541,14 @@ def _run_on_workers(run_id: int, progress: Progress, *, deadline: float) -> bool
 def _report(run_id: int, args: argparse.Namespace) -> int:
     from checks.reporters import render_terminal, write_reports
     from checks.scoring import score_run
-    from evaluations.models import Run
+    from evaluations.models import Run, run_large_fields
     from evaluations.selectors import run_records
     from evaluations.services import engine_spec
     from evaluations.terminal import use_color
 
     # Scored again from the stored results, whose records the reports need: not the stored
     # summary, a large JSON field (~0.5 kB an execution) this would only decode.
-    run = Run.objects.select_related("spec_version").defer("summary").get(pk=run_id)
+    run = Run.objects.select_related("spec_version").defer(*run_large_fields()).get(pk=run_id)
     summary = score_run(engine_spec(run), run_records(run))
     for warning in run.warnings:
         if warning not in summary.warnings:
