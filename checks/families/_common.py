@@ -270,16 +270,25 @@ def plain_text(text: str) -> str:
     return "".join(ch for ch in normal if unicodedata.category(ch) != "Cf")
 
 
-def search_as_shown(regex: UserPattern, text: str) -> tuple[Any, str]:
-    """(the first match of `regex`, the text it is in): `text` as it came or, failing that,
-    as a reader sees it (plain_text), since a pattern may name the very characters plain_text
-    changes. (None, text) when neither matches."""
-    match = regex.search(text)
-    if match is None:
-        plain = plain_text(text)
-        if plain != text:
-            return regex.search(plain), plain
-    return match, text
+class ShownText:
+    """An output searched as it came or, failing that, as a reader sees it (plain_text,
+    made once however many patterns are tried), since a pattern may name the very
+    characters plain_text changes."""
+
+    def __init__(self, text: str) -> None:
+        self.raw = text
+
+    @functools.cached_property
+    def plain(self) -> str:
+        return plain_text(self.raw)
+
+    def search(self, regex: UserPattern) -> tuple[Any, str]:
+        """(the first match of `regex`, the text searched last); None when neither
+        matches."""
+        match = regex.search(self.raw)
+        if match is None and self.plain != self.raw:
+            return regex.search(self.plain), self.plain
+        return match, self.raw
 
 
 def normalise(text: str) -> str:

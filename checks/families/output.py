@@ -8,6 +8,7 @@ from checks.artifact import RunArtifact
 from checks.check import Check
 from checks.context import CheckContext
 from checks.families._common import (
+    ShownText,
     compile_regex,
     get_bool,
     get_int,
@@ -18,7 +19,6 @@ from checks.families._common import (
     plain_text,
     preview,
     quote,
-    search_as_shown,
     snippet,
 )
 from checks.json_text import loads_strict
@@ -110,7 +110,7 @@ class RegexCheck(Check):
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         pattern = get_str(self.config, "pattern")
-        match, output = search_as_shown(compile_regex(pattern), artifact.final_output or "")
+        match, output = ShownText(artifact.final_output or "").search(compile_regex(pattern))
         if match is None:
             return Outcome.fail(
                 FailureCode.PATTERN_FAILED,
@@ -134,9 +134,10 @@ class ExcludesPatternCheck(Check):
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         patterns = one_or_many(self.config, "pattern", "patterns")
         compiled = [compile_regex(p) for p in patterns]
+        shown = ShownText(artifact.final_output or "")
         matches = []
         for pattern, regex in zip(patterns, compiled, strict=True):
-            match, output = search_as_shown(regex, artifact.final_output or "")
+            match, output = shown.search(regex)
             if match is not None:
                 matches.append(
                     {
