@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.urls import reverse
+from django.urls import URLResolver, get_resolver, get_script_prefix, get_urlconf, reverse
 from django.utils import timezone
 
 if TYPE_CHECKING:
@@ -155,16 +155,33 @@ def run_links(project_slug: str) -> Callable[[dict[str, Any]], str]:
     return lambda row: path(row["id"])
 
 
-def id_paths(view_name: str, project_slug: str) -> Callable[[int], str]:
-    """pk -> the path of `view_name` (a project's page of one row, by id), made from one
-    reversed URL: a table of 50 rows need not reverse 50."""
-    template = reverse(view_name, args=[project_slug, 0])
-    prefix, suffix = template.rsplit("/0/", 1)
+def id_paths(view_name: str, project_slug: str, *leading: int) -> Callable[[int], str]:
+    """pk -> the path of `view_name` (a project's page of one row, by id, after the
+    `leading` ids of its other arguments), made from one reversed URL: a table of 50 rows
+    need not reverse 50 (~35 µs each). The {% id_url %} tag is the same for templates."""
+    prefix, suffix = _around_id(
+        get_resolver(get_urlconf()),
+        get_script_prefix(),
+        view_name,
+        project_slug,
+        tuple(int(i) for i in leading),
+    )
 
     def path(pk: int) -> str:
         return f"{prefix}/{int(pk)}/{suffix}"
 
     return path
+
+
+@functools.lru_cache(maxsize=1024)
+def _around_id(
+    resolver: URLResolver, script_prefix: str, view_name: str, project_slug: str, leading: Any
+) -> tuple[str, str]:
+    # Reversed once per process. What a path depends on besides its arguments is in the
+    # key: the URLconf (its resolver, a new one once the URLconf changes) and the prefix.
+    template = reverse(view_name, args=[project_slug, *leading, 0])
+    prefix, suffix = template.rsplit("/0/", 1)
+    return prefix, suffix
 
 
 def link_run_rows(runs: Sequence[Any], project_slug: str) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import messages
@@ -206,8 +207,10 @@ class Heatmap:
     rows: list[tuple[str, list[dict[str, Any] | None]]]  # invariant, cells by scenario
 
 
-def _heatmap(matrix: list[dict[str, Any]] | None) -> Heatmap | None:
-    """The summary's matrix cells as invariant rows x scenario columns, in spec order."""
+def _heatmap(matrix: list[dict[str, Any]] | None, cell_path: str) -> Heatmap | None:
+    """The summary's matrix cells as invariant rows x scenario columns, in spec order, each
+    with the URL of its executions (`cell_path`, the run's cell page, reversed once: two
+    {% url %} per cell were most of the reversing a 100-cell run page did)."""
     if not matrix:
         return None
     scenarios: list[str] = []
@@ -230,22 +233,26 @@ def _heatmap(matrix: list[dict[str, Any]] | None) -> Heatmap | None:
             "shade": shade,
             "passed_count": passed,
             "total": total,
+            "url": f"{cell_path}?{urlencode({'scenario': scenario, 'invariant': invariant})}",
         }
     rows = [(inv, [cells.get((inv, scenario)) for scenario in scenarios]) for inv in invariants]
     return Heatmap(scenarios=scenarios, rows=rows)
 
 
-def _groups(run: Run, groups: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], int]:
-    """The first GROUPS_SHOWN groups with their replicas' verdicts (one query), and how many
-    more the run has."""
+def _groups(
+    run: Run, groups: list[dict[str, Any]] | None, project_slug: str
+) -> tuple[list[dict[str, Any]], int]:
+    """The first GROUPS_SHOWN groups with their replicas' verdicts (one query) and pages'
+    paths (`url`, from one reversed URL), and how many more the run has."""
     groups = groups or []
     shown = groups[:GROUPS_SHOWN]
     ids = [int(i) for g in shown for i in g.get("execution_ids") or [] if str(i).isdigit()]
     executions = selectors.executions_by_id(run.pk, ids)
+    execution_url = charts.id_paths("execution_detail", project_slug)
     rows = []
     for group in shown:
         replicas = [
-            executions[int(i)]
+            {"execution": executions[int(i)], "url": execution_url(int(i))}
             for i in group.get("execution_ids") or []
             if str(i).isdigit() and int(i) in executions
         ]
@@ -255,7 +262,8 @@ def _groups(run: Run, groups: list[dict[str, Any]] | None) -> tuple[list[dict[st
 
 def _run_context(access: ProjectAccess, run: Run, summary: dict[str, Any]) -> dict[str, Any]:
     terminal = run.is_terminal
-    groups, hidden_groups = _groups(run, summary.get("groups")) if terminal else ([], 0)
+    slug = access.project.slug
+    groups, hidden_groups = _groups(run, summary.get("groups"), slug) if terminal else ([], 0)
     failed_groups = [g for g in summary.get("groups") or [] if not g.get("passed")]
     rerun_of = str(run.labels.get("rerun_of", ""))
     return {
@@ -264,7 +272,11 @@ def _run_context(access: ProjectAccess, run: Run, summary: dict[str, Any]) -> di
         "summary": summary,
         "terminal": terminal,
         "counts": None if terminal else selectors.run_execution_counts(run.pk),
-        "heatmap": _heatmap(summary.get("matrix")) if terminal else None,
+        "heatmap": (
+            _heatmap(summary.get("matrix"), reverse("run_cell", args=[slug, run.pk]))
+            if terminal
+            else None
+        ),
         "groups": groups,
         "hidden_groups": hidden_groups,
         "failed_group_count": len(failed_groups),

@@ -8,6 +8,7 @@ measures the time of the same pages at 200,000 executions."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,3 +246,44 @@ def test_no_api_list_issues_more_queries_with_three_times_the_rows(
         with django_assert_max_num_queries(few[name], info=name):
             response = client.get(url)
         assert response.status_code == 200, name
+
+
+def test_no_page_reverses_more_urls_with_three_times_the_rows(
+    growing: Growing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same rule for URLs: a {% url %} per row (~35 µs each; two per cell were most of
+    a 100-cell run page's reversing) is reversed once per table instead ({% id_url %},
+    charts.id_paths, or `{% url ... as %}` before the loop). A URL reversed once per row
+    is reversed 2N times more for the 2N rows more; a link that appears once a table
+    grows past a page (the compare page's "more pairs") adds fewer."""
+    from django.urls.resolvers import URLResolver
+
+    reversed_urls: list[str] = []
+    reverse_with_prefix = URLResolver._reverse_with_prefix
+
+    def counted(self: URLResolver, lookup_view: Any, *args: Any, **kwargs: Any) -> str:
+        reversed_urls.append(str(lookup_view))
+        return reverse_with_prefix(self, lookup_view, *args, **kwargs)
+
+    monkeypatch.setattr(URLResolver, "_reverse_with_prefix", counted)
+    client = Client()
+    client.force_login(growing.admin)
+
+    def reversals() -> dict[str, Counter[str]]:
+        counts = {}
+        for name, url in growing.urls().items():
+            reversed_urls.clear()
+            assert client.get(url).status_code == 200, name
+            counts[name] = Counter(reversed_urls)
+        return counts
+
+    growing.grow(N)
+    few = reversals()
+    growing.grow(2 * N)
+    many = reversals()
+    per_row = {
+        name: {view: n for view, n in (many[name] - few[name]).items() if n >= 2 * N}
+        for name in few
+    }
+    per_row = {name: views for name, views in per_row.items() if views}
+    assert not per_row, f"pages that reverse a URL per row (the URLs reversed more): {per_row}"
