@@ -290,16 +290,12 @@ def review_item_in_project(project: Project, item_id: int) -> ReviewItem | None:
     """A review item with what its page and the API show of it: its spec, execution, result,
     who claimed and adjudicated it, and its run's spec version. Not the run's summary,
     verdicts or keys (the summary alone ~0.5 kB of JSON an execution, decompressed and
-    decoded), nor the spec version's text."""
+    decoded), nor the spec version's text. The two people come in a query of their own
+    (none when nobody claimed it): joined in, their two outer joins made PostgreSQL's
+    planner weigh eight tables' orders, 7 ms of planning for a 0.3 ms query."""
     return (
-        ReviewItem.objects.select_related(
-            "run__spec_version",
-            "spec",
-            "execution",
-            "check_result",
-            "claimed_by",
-            "adjudicated_by",
-        )
+        ReviewItem.objects.select_related("run__spec_version", "spec", "execution", "check_result")
+        .prefetch_related("claimed_by", "adjudicated_by")
         .defer(*run_large_fields("run__"), "run__spec_version__source_yaml")
         .filter(project=project, pk=item_id)
         .first()
