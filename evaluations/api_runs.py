@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 from django.http import FileResponse, Http404, HttpRequest, StreamingHttpResponse
-from django.urls import reverse
 from ninja import Field, Query, Schema, Status
 
 from evaluations import selectors, services
@@ -28,6 +27,7 @@ from evaluations.api import (
     router,
     run_created_out,
 )
+from evaluations.charts import id_paths
 from evaluations.models import (
     RUN_TERMINAL_STATUSES,
     Artifact,
@@ -148,9 +148,8 @@ class ExecutionDetailOut(ExecutionOut):
 
 
 def _execution_url(request: HttpRequest, slug: str, execution: Execution) -> str:
-    return request.build_absolute_uri(
-        reverse("api:execution_detail", kwargs={"slug": slug, "execution_id": execution.pk})
-    )
+    # A list's rows share one reversed URL (charts.id_paths), not one reverse() each.
+    return request.build_absolute_uri(id_paths("api:execution_detail", slug)(execution.pk))
 
 
 def _execution_out(request: HttpRequest, slug: str, execution: Execution) -> ExecutionOut:
@@ -246,10 +245,7 @@ def execution_detail(request: HttpRequest, slug: str, execution_id: RowId) -> Ex
             sha256=a.sha256,
             truncated=a.truncated,
             url=request.build_absolute_uri(
-                reverse(
-                    "api:artifact_download",
-                    kwargs={"slug": slug, "execution_id": execution.pk, "artifact_id": a.pk},
-                )
+                id_paths("api:artifact_download", slug, execution.pk)(a.pk)
             ),
         )
         for a in selectors.execution_artifacts(execution)

@@ -168,7 +168,7 @@ def id_paths(view_name: str, project_slug: str, *leading: int) -> Callable[[int]
     )
 
     def path(pk: int) -> str:
-        return f"{prefix}/{int(pk)}/{suffix}"
+        return f"{prefix}/{int(pk)}{suffix}"
 
     return path
 
@@ -180,7 +180,9 @@ def _around_id(
     # Reversed once per process. What a path depends on besides its arguments is in the
     # key: the URLconf (its resolver, a new one once the URLconf changes) and the prefix.
     template = reverse(view_name, args=[project_slug, *leading, 0])
-    prefix, suffix = template.rsplit("/0/", 1)
+    prefix, suffix = template.rsplit("/0", 1)  # the pages' paths end in a slash, the API's not
+    if suffix and not suffix.startswith("/"):
+        raise ValueError(f"{view_name}: the id is not a whole segment of {template}")
     return prefix, suffix
 
 

@@ -248,7 +248,7 @@ def test_no_api_list_issues_more_queries_with_three_times_the_rows(
         assert response.status_code == 200, name
 
 
-def test_no_page_reverses_more_urls_with_three_times_the_rows(
+def test_no_page_or_api_list_reverses_more_urls_with_three_times_the_rows(
     growing: Growing, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same rule for URLs: a {% url %} per row (~35 µs each; two per cell were most of
@@ -268,12 +268,16 @@ def test_no_page_reverses_more_urls_with_three_times_the_rows(
     monkeypatch.setattr(URLResolver, "_reverse_with_prefix", counted)
     client = Client()
     client.force_login(growing.admin)
+    _, token = services.token_issue(project=growing.project, user=growing.admin, name="ci")
+    api_client = Client(headers={"Authorization": f"Bearer {token}"})
 
     def reversals() -> dict[str, Counter[str]]:
+        requests = [(client, name, url) for name, url in growing.urls().items()]
+        requests += [(api_client, f"API {name}", url) for name, url in api_urls(growing).items()]
         counts = {}
-        for name, url in growing.urls().items():
+        for requester, name, url in requests:
             reversed_urls.clear()
-            assert client.get(url).status_code == 200, name
+            assert requester.get(url).status_code == 200, name
             counts[name] = Counter(reversed_urls)
         return counts
 

@@ -347,6 +347,8 @@ def test_id_url_writes_what_the_url_tag_wrote(script_prefix: str) -> None:
     from django.urls import get_script_prefix, set_script_prefix
 
     links = [
+        ("api:execution_detail", []),  # the API's paths end without a slash
+        ("api:artifact_download", [42]),
         ("run_detail", []),
         ("execution_detail", []),
         ("review_item", []),
@@ -369,6 +371,6 @@ def test_id_url_writes_what_the_url_tag_wrote(script_prefix: str) -> None:
                     for tag in ("url", "id_url")
                 )
                 assert by_id_url == by_url, (view, slug, pk)
-                assert by_url.startswith(f"{script_prefix}p/{slug}/")
+                assert f"/{slug}/" in by_url and by_url.startswith(script_prefix)
     finally:
         set_script_prefix(previous)
