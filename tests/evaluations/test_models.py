@@ -304,9 +304,11 @@ def test_engine_result_survives_a_round_trip_through_the_table(execution: Execut
 
 
 def _index_columns(model: Any) -> list[list[str]]:
+    """The columns of each index of the model's table, unique constraints' included (a
+    lookup by the columns a unique constraint begins with is answered by its index)."""
     with connection.cursor() as cursor:
         found = connection.introspection.get_constraints(cursor, model._meta.db_table)
-    return [info["columns"] for info in found.values() if info["index"]]
+    return [info["columns"] for info in found.values() if info["index"] or info["unique"]]
 
 
 @pytest.mark.parametrize("model", [Run, Execution])
@@ -342,3 +344,42 @@ def test_very_long_cell_names_still_give_distinct_keys_that_fit(run: Run) -> Non
     )
     assert first.key != second.key
     assert max(len(first.key), len(second.key)) <= Execution._meta.get_field("key").max_length
+
+
+def test_no_index_begins_with_another_indexs_columns() -> None:
+    """An index whose columns begin another index or unique constraint of the same table
+    finds nothing the longer one does not, and costs a write per row: a foreign key's own
+    index goes where its column leads another (models.py). Read from the database as
+    migrated, so the migration's drops are checked too. Partial indexes cover only their
+    rows, and PostgreSQL's `_like` twins (Django's varchar_pattern_ops index for LIKE
+    'prefix%' on a text column) answer what the plain one does not: neither kind counts."""
+    from django.apps import apps
+
+    problems = []
+    with connection.cursor() as cursor:
+        for model in apps.get_app_config("evaluations").get_models():
+            partial = {index.name for index in model._meta.indexes if index.condition}
+            partial |= {c.name for c in model._meta.constraints if getattr(c, "condition", None)}
+            found = connection.introspection.get_constraints(cursor, model._meta.db_table)
+            indexes = {
+                name: tuple(info["columns"])
+                for name, info in found.items()
+                if (info["index"] or info["unique"] or info["primary_key"])
+                and info["columns"]
+                and name not in partial
+                and not name.endswith("_like")
+            }
+            for name, columns in indexes.items():
+                info = found[name]
+                if info["unique"] or info["primary_key"]:
+                    continue
+                covering = [
+                    other
+                    for other, longer in indexes.items()
+                    if other != name and longer[: len(columns)] == columns
+                ]
+                if covering:
+                    problems.append(f"{model._meta.db_table}.{name} {columns}: {covering}")
+    assert not problems, "indexes that another begins with the same columns:\n" + "\n".join(
+        problems
+    )
