@@ -8,8 +8,8 @@ in the database itself, not only in the code that writes them.
 A foreign key whose column leads one of its table's indexes or unique constraints has no
 index of its own (`db_index=False`): that index finds its rows (and the rows a delete
 cascades to) as well, and every index is one more write per row. Each execution wrote its
-row three times and its results once into eight indexes apiece; tests/evaluations/
-test_models.py checks that no index's columns begin another's.
+row three times and its results once into eight indexes apiece;
+tests/evaluations/test_models.py checks that no index's columns begin another's.
 """
 
 from __future__ import annotations
