@@ -10,7 +10,8 @@ import gc
 import os
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import task_postrun, task_prerun, worker_init
+from django.db import close_old_connections
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "keystone_web.settings")
 # A worker serves no page: Celery's Django fix-up would run Django's system checks at its
@@ -39,3 +40,16 @@ def _import_what_executions_need(**_: object) -> None:
     # each child.
     gc.collect()
     gc.freeze()
+
+
+def _close_old_connections(sender: object = None, **_: object) -> None:
+    """A task's database connections live as a request's do (settings.CELERY_DB_REUSE_MAX):
+    dropped before and after it when unusable or older than their CONN_MAX_AGE, and checked
+    before their first use when CONN_HEALTH_CHECKS is on (a database server restarted
+    meanwhile). Not around a task run eagerly: that one is inside its caller's work."""
+    if not getattr(getattr(sender, "request", None), "is_eager", False):
+        close_old_connections()
+
+
+task_prerun.connect(_close_old_connections)
+task_postrun.connect(_close_old_connections)

@@ -329,6 +329,12 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's Django fix-up closes a worker's database connections after every task: each
+# message paid a new PostgreSQL session (a server process forked) and a read of its run.
+# With this set it closes them only every this many tasks; keystone_web/celery.py closes
+# them around each task as Django's request cycle does: when broken, or older than
+# DATABASE_CONN_MAX_AGE (0 closes them after every task, as before).
+CELERY_DB_REUSE_MAX = 1000
 # A pool process whose peak resident memory went above this many KiB during a task (it
 # finalised a run of tens of thousands of executions, say) is replaced by a fresh one once
 # the task is done, instead of keeping that memory for the rest of the worker's life (Python
