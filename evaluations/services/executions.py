@@ -61,13 +61,16 @@ _CELERY_TASK_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[
 _OF_A_RUNNING_RUN = "run_id IN (SELECT id FROM evaluations_run WHERE status = %s)"
 
 
-def execution_claim(*, execution_id: int, worker: str) -> bool:
-    """Take an execution for this worker: a conditional UPDATE, so exactly one worker wins.
+def execution_claim(*, execution_id: int, worker: str) -> Execution | None:
+    """Take an execution for this worker: a conditional UPDATE, so exactly one worker wins;
+    returns the row as the claim left it, or None when another worker has it or it is done.
     A running execution whose lease expired (its worker died), or whose Celery task came
     back after its process died, can be taken again."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.KEYSTONE_EXECUTION_LEASE_SECONDS)
-    if statements.update(
+    # The row comes back with the claim (RETURNING): reading it apart was a round trip of
+    # its own per execution.
+    claimed = statements.update_row(
         Execution,
         where={"id": execution_id, "status": ExecutionStatus.PENDING},
         values={
@@ -78,8 +81,9 @@ def execution_claim(*, execution_id: int, worker: str) -> bool:
         },
         condition=_OF_A_RUNNING_RUN,
         condition_params=[RunStatus.RUNNING],
-    ):
-        return True
+    )
+    if claimed is not None:
+        return claimed
     # Celery redelivers a task only when the process that held it died (acks_late with reject
     # on worker loss, or the visibility timeout, set above the hard time limit): the same task
     # id back means the lease has no living holder, so it is taken now, not when it expires.
@@ -93,10 +97,10 @@ def execution_claim(*, execution_id: int, worker: str) -> bool:
     if not expired.update(
         claimed_by=worker, lease_expires=lease, started=now, attempt=F("attempt") + 1
     ):
-        return False
+        return None
     # The dead holder may have written files it never recorded: they go before this attempt.
     execution_orphan_files_remove(execution_id=execution_id)
-    return True
+    return statements.row(Execution, execution_id)
 
 
 def execution_release(*, execution_id: int, worker: str, reason: str) -> bool:
@@ -217,15 +221,13 @@ def execution_execute(
     from evaluations.runner.services import ServiceError, ServiceNotConfigured
     from evaluations.runner.workspace import WorkspaceError
 
-    if not execution_claim(execution_id=execution_id, worker=worker):
-        return None
-    # The row as the ORM would load it, from SQL built once (a fifth of the Python time of
-    # a no-op execution went to compiling this read; a raw query, to resolving its columns).
-    execution = statements.row(Execution, execution_id)
-    if execution is None:  # its run was deleted since the claim: nothing left to run
+    execution = execution_claim(execution_id=execution_id, worker=worker)
+    if execution is None:
         return None
     if run is None or run.pk != execution.run_id:
-        run = Run.objects.select_related("spec_version").get(pk=execution.run_id)
+        run = Run.objects.select_related("spec_version").filter(pk=execution.run_id).first()
+        if run is None:  # deleted since the claim: nothing left to run
+            return None
     execution.run = run
     spec = engine_spec(run)
     try:

@@ -42,6 +42,50 @@ def update(
     column names as written, `%s` for its parameters), setting `values`. Returns the number
     of rows changed."""
     connection = connections[router.db_for_write(model)]
+    sql, params = _update(connection, model, where, values, condition, condition_params)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
+
+
+def update_row(
+    model: type[M],
+    *,
+    where: Mapping[str, Any],
+    values: Mapping[str, Any],
+    condition: str = "",
+    condition_params: Sequence[Any] = (),
+) -> M | None:
+    """`update` of one row (`where` names its primary key as "id"), and the row as it left
+    it, as `row` loads it: one statement (UPDATE ... RETURNING) where the database has it,
+    or None when nothing was changed."""
+    connection = connections[router.db_for_write(model)]
+    if not connection.features.can_return_columns_from_insert:  # SQLite before 3.35
+        changed = update(
+            model,
+            where=where,
+            values=values,
+            condition=condition,
+            condition_params=condition_params,
+        )
+        return row(model, where["id"]) if changed else None
+    sql, params = _update(connection, model, where, values, condition, condition_params)
+    names, columns, attnames = _selection(model, connection.alias)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {names}", params)
+        found = cursor.fetchone()
+    return None if found is None else _loaded(model, connection, found, columns, attnames)
+
+
+def _update(
+    connection: Any,
+    model: type[Model],
+    where: Mapping[str, Any],
+    values: Mapping[str, Any],
+    condition: str,
+    condition_params: Sequence[Any],
+) -> tuple[str, list[Any]]:
+    """The UPDATE's text (built once per shape) and its parameters."""
     sql, assigned, tested = _statement(
         model,
         connection.alias,
@@ -58,21 +102,30 @@ def update(
         for field, value in zip(tested, where.values(), strict=True)
     ]
     params += list(condition_params)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return int(cursor.rowcount)
+    return sql, params
 
 
 def row(model: type[M], pk: Any) -> M | None:
     """The row of `model` whose primary key is `pk`, as `model.objects.get(pk=pk)` loads it
     (every concrete field, converted as the ORM's compiler would), or None."""
     connection = connections[router.db_for_read(model)]
-    sql, columns, attnames = _selection(model, connection.alias)
+    names, columns, attnames = _selection(model, connection.alias)
+    table = connection.ops.quote_name(model._meta.db_table)
+    primary = connection.ops.quote_name(model._meta.pk.column)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [pk])
+        cursor.execute(f"SELECT {names} FROM {table} WHERE {primary} = %s", [pk])
         found = cursor.fetchone()
-    if found is None:
-        return None
+    return None if found is None else _loaded(model, connection, found, columns, attnames)
+
+
+def _loaded(
+    model: type[M],
+    connection: Any,
+    found: Sequence[Any],
+    columns: tuple[tuple[Any, tuple[Any, ...]], ...],
+    attnames: tuple[str, ...],
+) -> M:
+    """A model instance from a row of _selection's columns, converted as the ORM would."""
     values = []
     for value, (column, converters) in zip(found, columns, strict=True):
         for converter in converters:
@@ -85,10 +138,10 @@ def row(model: type[M], pk: Any) -> M | None:
 def _selection(
     model: type[Model], alias: str
 ) -> tuple[str, tuple[tuple[Any, tuple[Any, ...]], ...], tuple[str, ...]]:
-    """The SELECT of one row by primary key; each column with the converters the compiler
-    applies to it (the backend's, then the field's); the fields' attribute names."""
+    """Every concrete column of `model`, as a SELECT or RETURNING lists them; each with the
+    converters the compiler applies to it (the backend's, then the field's); the fields'
+    attribute names."""
     connection = connections[alias]
-    quote = connection.ops.quote_name
     table = model._meta.db_table
     fields = model._meta.concrete_fields
     columns = []
@@ -97,10 +150,8 @@ def _selection(
         converters = connection.ops.get_db_converters(column)
         converters += column.get_db_converters(connection)
         columns.append((column, tuple(converters)))
-    names = ", ".join(quote(field.column) for field in fields)
-    primary = quote(model._meta.pk.column)
-    sql = f"SELECT {names} FROM {quote(table)} WHERE {primary} = %s"
-    return sql, tuple(columns), tuple(field.attname for field in fields)
+    names = ", ".join(connection.ops.quote_name(field.column) for field in fields)
+    return names, tuple(columns), tuple(field.attname for field in fields)
 
 
 def insert(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:

@@ -28,11 +28,11 @@ invariants:
   completes: {description: it ran, check: {type: completes}}
 """
 
-# Claim (1), read the execution (1), then record it in one transaction: BEGIN, the
+# Claim, the row coming back with it (1), then record it in one transaction: BEGIN, the
 # conditional UPDATE of the execution, the results, the artifact rows, the run's counter and
 # its completion check, COMMIT (7). No row lock read, no savepoint, no re-read. A worker
 # reads the execution's run too (1); `keystone run` reads it once per thread and passes it.
-STATEMENTS_PER_EXECUTION = 10
+STATEMENTS_PER_EXECUTION = 9
 
 
 @pytest.mark.parametrize("caller_has_the_run", [False, True], ids=["worker", "keystone-run"])
@@ -58,3 +58,29 @@ def test_an_execution_costs_a_fixed_number_of_statements(
     assert counts[1:] == [expected] * len(counts[1:]), [
         q["sql"][:100] for q in queries.captured_queries
     ]
+
+
+def test_a_claim_returns_the_row_as_a_read_of_it_loads_it_with_or_without_returning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim's UPDATE brings the row back (RETURNING); a database without RETURNING
+    (SQLite before 3.35) reads it after the UPDATE. Either way the row is what the ORM loads,
+    every field converted (datetimes, JSON), and a claimed execution cannot be claimed again."""
+    project = Project.objects.create(name="claims", slug="claims")
+    run, ids = planned_run(project, SPEC, spec_dir=str(tmp_path))
+    returned = services.execution_claim(execution_id=ids[0], worker="claims:1")
+    monkeypatch.setattr(connection.features, "can_return_columns_from_insert", False)
+    with CaptureQueriesContext(connection) as queries:
+        read_after = services.execution_claim(execution_id=ids[1], worker="claims:1")
+    assert len(queries) == 2  # the UPDATE, then the row
+    fields = [field.attname for field in Execution._meta.concrete_fields]
+    for claimed, execution_id in ((returned, ids[0]), (read_after, ids[1])):
+        assert claimed is not None
+        loaded = Execution.objects.get(pk=execution_id)
+        assert [getattr(claimed, name) for name in fields] == [
+            getattr(loaded, name) for name in fields
+        ]
+        assert claimed.status == ExecutionStatus.RUNNING and claimed.claimed_by == "claims:1"
+        assert claimed.started is not None and claimed.plan == loaded.plan != {}
+    monkeypatch.undo()
+    assert services.execution_claim(execution_id=ids[0], worker="claims:2") is None
