@@ -1,10 +1,11 @@
 """The reads and writes every execution makes, their SQL built once.
 
-Each execution is read, claimed, recorded and counted by a handful of SELECTs, UPDATEs and
-INSERTs. The ORM compiles each one again on every call, 0.1-0.5 ms of Python apiece:
-together about a fifth of Keystone's own CPU time per no-op execution, all of it holding the
-GIL (issue 18). `row`, `update` and `insert` run the statement the ORM would: the model's
-table and column names, the text cached by its shape, and each value adapted by its field's
+Each execution is claimed (its row coming back with the claim), recorded and counted by a
+handful of UPDATEs and INSERTs. The ORM compiles each one again on every call, 0.1-0.5 ms of
+Python apiece: together about a fifth of Keystone's own CPU time per no-op execution, all of
+it holding the GIL (issue 18). `row`, `update`, `update_row` and `insert` run the statement
+the ORM would: the model's table and column names, the text cached by its shape, and each
+value adapted by its field's
 `pre_save` (inserts) and `get_db_prep_save`, or read back through the converters the ORM's
 compiler applies (datetimes for SQLite, JSON for each backend). Updates test equality and a
 fixed SQL condition only; any other read or write stays with the ORM.

@@ -466,8 +466,8 @@ def test_a_pool_process_keeps_its_database_connection_from_task_to_task(
     start_worker: Callable[..., Worker],
 ) -> None:
     """Celery's Django fix-up closes the database connections after every task, so each
-    message paid a new PostgreSQL session (a server process forked, 5 ms here) and the read
-    of its run. A pool process now keeps its connection as DATABASE_CONN_MAX_AGE says, as
+    message paid a new PostgreSQL session (a server process forked, 5 ms of connecting
+    here). A pool process now keeps its connection as DATABASE_CONN_MAX_AGE says, as
     Django's request cycle does, and still drops one that is broken or too old."""
     sessions_before = _other_sessions()
     worker = start_worker("steady", slots=64)  # 64 slots: one execution per message
