@@ -5,10 +5,10 @@ handful of UPDATEs and INSERTs. The ORM compiles each one again on every call, 0
 Python apiece: together about a fifth of Keystone's own CPU time per no-op execution, all of
 it holding the GIL (issue 18). `row`, `update`, `update_row` and `insert` run the statement
 the ORM would: the model's table and column names, the text cached by its shape, and each
-value adapted by its field's
-`pre_save` (inserts) and `get_db_prep_save`, or read back through the converters the ORM's
-compiler applies (datetimes for SQLite, JSON for each backend). Updates test equality and a
-fixed SQL condition only; any other read or write stays with the ORM.
+value adapted by its field's `pre_save` (inserts) and `get_db_prep_save`, or read back
+through the converters the ORM's compiler applies (datetimes for SQLite, JSON for each
+backend). Updates test equality and a fixed SQL condition only; any other read or write
+stays with the ORM.
 """
 
 from __future__ import annotations
@@ -110,11 +110,9 @@ def row(model: type[M], pk: Any) -> M | None:
     """The row of `model` whose primary key is `pk`, as `model.objects.get(pk=pk)` loads it
     (every concrete field, converted as the ORM's compiler would), or None."""
     connection = connections[router.db_for_read(model)]
-    names, columns, attnames = _selection(model, connection.alias)
-    table = connection.ops.quote_name(model._meta.db_table)
-    primary = connection.ops.quote_name(model._meta.pk.column)
+    _, columns, attnames = _selection(model, connection.alias)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {names} FROM {table} WHERE {primary} = %s", [pk])
+        cursor.execute(_by_primary_key(model, connection.alias), [pk])
         found = cursor.fetchone()
     return None if found is None else _loaded(model, connection, found, columns, attnames)
 
@@ -153,6 +151,17 @@ def _selection(
         columns.append((column, tuple(converters)))
     names = ", ".join(connection.ops.quote_name(field.column) for field in fields)
     return names, tuple(columns), tuple(field.attname for field in fields)
+
+
+@cache
+def _by_primary_key(model: type[Model], alias: str) -> str:
+    """The SELECT of one row, every column of _selection, by its primary key."""
+    quote = connections[alias].ops.quote_name
+    names = _selection(model, alias)[0]
+    return (
+        f"SELECT {names} FROM {quote(model._meta.db_table)} "
+        f"WHERE {quote(model._meta.pk.column)} = %s"
+    )
 
 
 def insert(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
