@@ -237,7 +237,8 @@ def render_terminal(summary: RunSummary, *, color: bool = False) -> str:
     m = summary.metrics
     lines.append("")
     lines.append(
-        f"  {m.executions} executions  mean {_num(m.mean_duration_ms, 0)} ms  "
+        f"  {m.executions} execution{'s' if m.executions != 1 else ''}  "
+        f"mean {_num(m.mean_duration_ms, 0)} ms  "
         f"p95 {_num(m.p95_duration_ms, 0)} ms  tokens/exec {_num(m.mean_tokens, 0)}  "
         f"tool calls/exec {_num(m.mean_tool_calls, 1)}  tool success {_pct_of(m.tool_success_rate)}  "
         f"cost {format_usd(m.total_cost_usd)}"

@@ -343,7 +343,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
             count = len(exc.errors)
             print(f"{path}: invalid ({count} error{'s' if count != 1 else ''})", file=sys.stderr)
             continue
-        print(f"{path}: valid ({len(spec.invariants)} invariants, {len(spec.scenarios)} scenarios)")
+        invariants, scenarios = len(spec.invariants), len(spec.scenarios)
+        print(
+            f"{path}: valid ({invariants} invariant{'s' if invariants != 1 else ''}, "
+            f"{scenarios} scenario{'s' if scenarios != 1 else ''})"
+        )
     if invalid:
         print(f"{invalid} of {len(args.specs)} spec(s) invalid", file=sys.stderr)
         return EXIT_SPEC_INVALID

@@ -186,7 +186,7 @@ class OutputNotEmptyCheck(Check):
                 "output is empty" if not output else "output is only whitespace",
                 length=len(output),
             )
-        return Outcome.ok(f"output has {len(output)} characters")
+        return Outcome.ok(f"output has {len(output)} character{'s' if len(output) != 1 else ''}")
 
 
 class CompletesCheck(Check):

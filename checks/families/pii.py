@@ -197,7 +197,8 @@ class PiiCheck(Check):
                     name: [redact(m) for m in matches] for name, matches in found.items()
                 },
             )
-        return Outcome.ok(f"no PII found ({len(detectors)} patterns checked)")
+        checked = len(detectors)
+        return Outcome.ok(f"no PII found ({checked} pattern{'s' if checked != 1 else ''} checked)")
 
 
 # The check types this family contributes (checks.registry lists the families).

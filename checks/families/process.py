@@ -112,7 +112,8 @@ class FinalResponsePresentCheck(Check):
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         if (artifact.final_output or "").strip():
-            return Outcome.ok(f"final response has {len(artifact.final_output)} characters")
+            length = len(artifact.final_output)
+            return Outcome.ok(f"final response has {length} character{'s' if length != 1 else ''}")
         # As in reference 003: a readable key output in the workspace counts as a response.
         for output in artifact.output_artifacts:
             if not _is_key_output(output.artifact_type):

@@ -114,6 +114,19 @@ def test_validate_accepts_a_valid_spec_and_counts_its_parts(
     assert f"{spec}: valid (2 invariants, 2 scenarios)" in capsys.readouterr().out
 
 
+def test_validate_counts_one_invariant_and_one_scenario_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "one.yaml"
+    spec.write_text(
+        "version: 1\nid: one\ntask: {prompts: [p]}\n"
+        "agent: {type: command, command: 'true'}\n"
+        "invariants: {ran: {description: it ran, check: {type: completes}}}\n"
+    )
+    assert main(["validate", str(spec)]) == 0
+    assert f"{spec}: valid (1 invariant, 1 scenario)" in capsys.readouterr().out
+
+
 def test_validate_reports_each_error_with_its_position_and_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -315,6 +315,15 @@ def test_terminal_summary_is_plain_without_tty_and_coloured_with_it(summary: Run
     assert "\x1b[" in coloured
 
 
+def test_terminal_counts_one_execution_in_the_singular() -> None:
+    spec = Spec.from_dict({**SPEC_DATA, "task": {"prompts": ["Refund order 1042"]}})
+    one = render_terminal(
+        score_run(spec, [ExecutionRecord(id="1", scenario="no-chaos", prompt_index=0)])
+    )
+    assert "  1 execution  mean " in one
+    assert "  3 executions  mean " in render_terminal(_threshold_summary())
+
+
 def test_write_reports_writes_each_requested_file(summary: RunSummary, tmp_path: Path) -> None:
     written = write_reports(
         summary,

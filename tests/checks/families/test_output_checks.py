@@ -99,7 +99,8 @@ def test_max_length(run_check):
 
 
 def test_output_not_empty_rejects_whitespace(run_check):
-    assert run_check({"type": "output_not_empty"}, output="ok").passed
+    assert run_check({"type": "output_not_empty"}, output="ok").message == "output has 2 characters"
+    assert run_check({"type": "output_not_empty"}, output="y").message == "output has 1 character"
     outcome = run_check({"type": "output_not_empty"}, output="  \n ")
     assert outcome.failure_code is FailureCode.CONTAINS_FAILED
     assert "whitespace" in outcome.message

@@ -98,6 +98,8 @@ def test_status_is(run_check):
 
 def test_final_response_present(run_check, workspace, ws_context):
     assert run_check({"type": "final_response_present"}, output="done").passed
+    one = run_check({"type": "final_response_present"}, output="y")
+    assert one.message == "final response has 1 character"
     outcome = run_check({"type": "final_response_present"}, output=" ")
     assert outcome.failure_code is FailureCode.CONTAINS_FAILED
     # A readable key output in the workspace counts as a response.

@@ -405,6 +405,20 @@ def test_live_region_polls_while_running_and_stops_with_286_when_the_run_ends(
     assert 'class="card metric"' in final_html and "exit code" in final_html
 
 
+def test_run_page_counts_one_execution_in_the_singular(world: World) -> None:
+    running = _running_run(world, done=0)
+    Run.objects.filter(pk=running.pk).update(execution_count=1)
+    client = world.client("viewer")
+    assert "0 of 1 execution done" in client.get(url("run_detail", world, running.pk)).text
+    ended = synthetic_run(world.version)
+    assert (
+        f"· {ended.execution_count} executions"
+        in client.get(url("run_detail", world, ended.pk)).text
+    )
+    Run.objects.filter(pk=ended.pk).update(execution_count=1)
+    assert "· 1 execution<" in client.get(url("run_detail", world, ended.pk)).text
+
+
 def test_cancelled_run_page_says_it_has_no_scores(world: World) -> None:
     run = _running_run(world, done=0)
     services.run_cancel(run_id=run.pk)
