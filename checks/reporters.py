@@ -21,6 +21,7 @@ from checks.pricing import format_usd
 from checks.report_model import ExecutionRecord, ExecutionScore, RunSummary
 from checks.results import CheckResult
 from checks.spec.model import Spec
+from checks.wording import counted
 
 REPORT_FORMAT = "keystone-run-report"
 REPORT_VERSION = 1
@@ -237,8 +238,7 @@ def render_terminal(summary: RunSummary, *, color: bool = False) -> str:
     m = summary.metrics
     lines.append("")
     lines.append(
-        f"  {m.executions} execution{'s' if m.executions != 1 else ''}  "
-        f"mean {_num(m.mean_duration_ms, 0)} ms  "
+        f"  {counted(m.executions, 'execution')}  mean {_num(m.mean_duration_ms, 0)} ms  "
         f"p95 {_num(m.p95_duration_ms, 0)} ms  tokens/exec {_num(m.mean_tokens, 0)}  "
         f"tool calls/exec {_num(m.mean_tool_calls, 1)}  tool success {_pct_of(m.tool_success_rate)}  "
         f"cost {format_usd(m.total_cost_usd)}"

@@ -42,6 +42,7 @@ from checks.results import (
     FailureCode,
 )
 from checks.spec.model import SEVERITY_WEIGHTS, Scenario, Spec
+from checks.wording import counted
 
 __all__ = [
     "AGGREGATION_METHODS",
@@ -848,8 +849,8 @@ def _unreached_chaos_warnings(spec: Spec, records: Sequence[ExecutionRecord]) ->
         where = " or ".join(_CHANNEL_CALLS[channel] for channel in channels)
         count = len(executions)
         warnings.append(
-            f"scenario '{scenario.name}'{profile} injects {kinds}, but none of its {count}"
-            f" execution{'s' if count != 1 else ''} called {where}: its faults never fired,"
+            f"scenario '{scenario.name}'{profile} injects {kinds}, but none of its "
+            f"{counted(count, 'execution')} called {where}: its faults never fired,"
             " so it measured nothing about resilience"
         )
     return warnings

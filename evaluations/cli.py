@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from checks.exit_codes import EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_SPEC_INVALID, CommandFailed
 from checks.metrics import SUMMARY_METRICS, format_metric
+from checks.wording import counted
 from evaluations.terminal import use_color
 from keystone_web.worker import LOG_LEVELS
 
@@ -341,13 +342,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
             for error in exc.errors:
                 print(f"{path}: {error}", file=sys.stderr)
             count = len(exc.errors)
-            print(f"{path}: invalid ({count} error{'s' if count != 1 else ''})", file=sys.stderr)
+            print(f"{path}: invalid ({counted(count, 'error')})", file=sys.stderr)
             continue
-        invariants, scenarios = len(spec.invariants), len(spec.scenarios)
-        print(
-            f"{path}: valid ({invariants} invariant{'s' if invariants != 1 else ''}, "
-            f"{scenarios} scenario{'s' if scenarios != 1 else ''})"
-        )
+        invariants = counted(len(spec.invariants), "invariant")
+        scenarios = counted(len(spec.scenarios), "scenario")
+        print(f"{path}: valid ({invariants}, {scenarios})")
     if invalid:
         print(f"{invalid} of {len(args.specs)} spec(s) invalid", file=sys.stderr)
         return EXIT_SPEC_INVALID

@@ -27,6 +27,7 @@ from checks.exit_codes import (
     CommandFailed,
 )
 from checks.output_files import write_whole
+from checks.wording import counted
 from evaluations.cli import start_up_over
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{spec_path}: {error}", file=sys.stderr)
         count = len(exc.errors)
         print(
-            f"{spec_path}: invalid ({count} error{'s' if count != 1 else ''}); nothing was run",
+            f"{spec_path}: invalid ({counted(count, 'error')}); nothing was run",
             file=sys.stderr,
         )
         return EXIT_SPEC_INVALID
@@ -698,7 +699,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         threads = args.concurrency or default_jobs()
         print(
             f"keystone worker: no CELERY_BROKER_URL; polling the database for work "
-            f"({threads} execution{'s' if threads != 1 else ''} at a time)"
+            f"({counted(threads, 'execution')} at a time)"
         )
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())

@@ -21,6 +21,7 @@ from ninja import NinjaAPI, Swagger
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 
 from checks.spec import SpecValidationError
+from checks.wording import counted
 from evaluations.api import ApiConflict, ApiInputError, TokenRateThrottle
 from evaluations.api import router as evaluations_router
 from evaluations.api_baselines import router as baselines_router
@@ -204,7 +205,7 @@ def spec_invalid(request: HttpRequest, exc: SpecValidationError) -> HttpResponse
         {"message": e.message, "path": e.path, "line": e.line, "column": e.column}
         for e in exc.errors
     ]
-    count = f"{len(details)} error{'s' if len(details) != 1 else ''}"
+    count = counted(len(details), "error")
     message = f"the spec is invalid ({count})"
     field = None
     if exc.errors:

@@ -23,6 +23,7 @@ from checks.families._common import (
 )
 from checks.json_text import loads_strict
 from checks.results import FailureCode, Outcome
+from checks.wording import counted
 
 
 def _locate(
@@ -186,7 +187,7 @@ class OutputNotEmptyCheck(Check):
                 "output is empty" if not output else "output is only whitespace",
                 length=len(output),
             )
-        return Outcome.ok(f"output has {len(output)} character{'s' if len(output) != 1 else ''}")
+        return Outcome.ok(f"output has {counted(len(output), 'character')}")
 
 
 class CompletesCheck(Check):

@@ -27,6 +27,7 @@ from checks.families._common import (
     plain_text,
 )
 from checks.results import FailureCode, Outcome
+from checks.wording import counted
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,7 @@ class PiiCheck(Check):
                     name: [redact(m) for m in matches] for name, matches in found.items()
                 },
             )
-        checked = len(detectors)
-        return Outcome.ok(f"no PII found ({checked} pattern{'s' if checked != 1 else ''} checked)")
+        return Outcome.ok(f"no PII found ({counted(len(detectors), 'pattern')} checked)")
 
 
 # The check types this family contributes (checks.registry lists the families).

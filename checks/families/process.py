@@ -21,6 +21,7 @@ from checks.families._common import (
 )
 from checks.pricing import format_usd, no_price_for
 from checks.results import FailureCode, Outcome
+from checks.wording import counted
 
 
 def _stream_summary(stdout: str, stderr: str) -> str:
@@ -112,8 +113,8 @@ class FinalResponsePresentCheck(Check):
     @guarded
     def evaluate(self, artifact: RunArtifact, context: CheckContext) -> Outcome:
         if (artifact.final_output or "").strip():
-            length = len(artifact.final_output)
-            return Outcome.ok(f"final response has {length} character{'s' if length != 1 else ''}")
+            characters = counted(len(artifact.final_output), "character")
+            return Outcome.ok(f"final response has {characters}")
         # As in reference 003: a readable key output in the workspace counts as a response.
         for output in artifact.output_artifacts:
             if not _is_key_output(output.artifact_type):

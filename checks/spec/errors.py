@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from checks.wording import counted
+
 
 @dataclass(frozen=True)
 class SpecError:
@@ -38,7 +40,7 @@ class SpecValidationError(Exception):
 
     def _summary(self) -> str:
         count = len(self.errors)
-        head = f"{self.source}: {count} error{'s' if count != 1 else ''}"
+        head = f"{self.source}: {counted(count, 'error')}"
         return "\n  ".join([head, *(str(e) for e in self.errors)])
 
     def __str__(self) -> str:
