@@ -341,8 +341,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             invalid += 1
             for error in exc.errors:
                 print(f"{path}: {error}", file=sys.stderr)
-            count = len(exc.errors)
-            print(f"{path}: invalid ({counted(count, 'error')})", file=sys.stderr)
+            print(f"{path}: invalid ({counted(len(exc.errors), 'error')})", file=sys.stderr)
             continue
         invariants = counted(len(spec.invariants), "invariant")
         scenarios = counted(len(spec.scenarios), "scenario")

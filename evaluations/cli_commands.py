@@ -152,9 +152,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except SpecValidationError as exc:
         for error in exc.errors:
             print(f"{spec_path}: {error}", file=sys.stderr)
-        count = len(exc.errors)
         print(
-            f"{spec_path}: invalid ({counted(count, 'error')}); nothing was run",
+            f"{spec_path}: invalid ({counted(len(exc.errors), 'error')}); nothing was run",
             file=sys.stderr,
         )
         return EXIT_SPEC_INVALID

@@ -39,8 +39,7 @@ class SpecValidationError(Exception):
         super().__init__(self._summary())
 
     def _summary(self) -> str:
-        count = len(self.errors)
-        head = f"{self.source}: {counted(count, 'error')}"
+        head = f"{self.source}: {counted(len(self.errors), 'error')}"
         return "\n  ".join([head, *(str(e) for e in self.errors)])
 
     def __str__(self) -> str:
