@@ -300,7 +300,7 @@ MEDIA_URL = "artifacts/"
 STORAGES = {
     # Artifact blobs (stdout, traces, diffs) live here, never in database rows.
     "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "BACKEND": "evaluations.storage.ArtifactStorage",
         "OPTIONS": {"location": KEYSTONE_ARTIFACT_ROOT, "base_url": "/artifacts/"},
     },
     # Compressed, but not manifest-hashed: the embedded default runs without collectstatic.

@@ -63,7 +63,7 @@ def _artifacts_in_tmp(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
     settings.STORAGES = {
         **django_settings.STORAGES,
         "default": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "BACKEND": django_settings.STORAGES["default"]["BACKEND"],
             "OPTIONS": {"location": root, "base_url": "/artifacts/"},
         },
     }

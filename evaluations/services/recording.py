@@ -207,9 +207,10 @@ def _write_artifact_files(execution: Execution, artifact: Any) -> list[Artifact]
                 ArtifactKind.STDOUT,
                 ArtifactKind.STDERR,
             )
-            path = default_storage.get_available_name(artifact_upload_to(row, name))
-            written.append(path)  # before the write: a partly written file is removed too
-            row.file.name = default_storage.save(path, ContentFile(data))
+            # A write that fails leaves no file (ArtifactStorage removes it); one that
+            # succeeds is removed below if a later one fails.
+            row.file.name = default_storage.save(artifact_upload_to(row, name), ContentFile(data))
+            written.append(row.file.name)
             rows.append(row)
     except BaseException:
         for path in written:

@@ -42,7 +42,7 @@ def small_disk(tmp_path: Path, settings: Any) -> Iterator[Path]:
     settings.STORAGES = {
         **settings.STORAGES,
         "default": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "BACKEND": settings.STORAGES["default"]["BACKEND"],
             "OPTIONS": {"location": disk},
         },
     }

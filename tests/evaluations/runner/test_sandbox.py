@@ -104,6 +104,26 @@ def test_environment_holds_only_what_is_passed(
     }
 
 
+_ENVIRONMENTS = "tr '\\0' '\\n' < /proc/$$/environ; echo ---; env"
+
+
+@pytest.mark.parametrize("given", [{}, {"LC_ALL": "C.UTF-8"}])
+def test_local_launcher_starts_without_a_locale_and_the_command_sees_its_own(
+    workspace: Path, given: dict[str, str]
+) -> None:
+    """setpriv (the local backend's launcher, which execs the command's shell) would load
+    the locale of LANG=C.UTF-8 at every start: it starts under LC_ALL=C, which the shell
+    unsets before the command, unless the spec set LC_ALL itself (issue 18)."""
+    result = LocalSandbox().run(_ENVIRONMENTS, workspace=workspace, env=given, timeout=10)
+    launched, _, seen = result.stdout.partition("---\n")
+    assert result.exit_code == 0, result.stderr
+    expected = f"LC_ALL={given.get('LC_ALL', 'C')}"
+    assert expected in launched.splitlines()  # the shell's environment as exec'd
+    variables = dict(line.split("=", 1) for line in seen.splitlines() if "=" in line)
+    assert variables.get("LC_ALL") == given.get("LC_ALL")
+    assert variables["LANG"] == "C.UTF-8"
+
+
 def test_temporary_files_stay_out_of_the_host_s_tmp(
     process_sandbox: Sandbox, workspace: Path
 ) -> None:

@@ -131,6 +131,50 @@ def test_remove_workspace_deletes_read_only_leftovers(tmp_path: Path, spec_dir: 
     remove_workspace(workspace)  # removing twice is harmless
 
 
+def test_remove_workspace_deletes_one_the_agent_left_as_it_was_made(
+    tmp_path: Path, spec_dir: Path
+) -> None:
+    workspace = create_workspace(tmp_path / "root", spec_dir=spec_dir)
+    remove_workspace(workspace)
+    assert not workspace.exists()
+    assert list((tmp_path / "root").iterdir()) == []
+
+
+def test_remove_workspace_deletes_what_the_agent_put_in_keystones_directory_or_beside_it(
+    tmp_path: Path, spec_dir: Path
+) -> None:
+    workspace = create_workspace(tmp_path / "root", spec_dir=spec_dir)
+    (workspace / ".keystone" / "artifacts.json").write_text("{}")
+    (workspace / "notes").mkdir()
+    (workspace / "notes" / "a.txt").write_text("a")
+    remove_workspace(workspace)
+    assert not workspace.exists()
+    other = create_workspace(tmp_path / "root", spec_dir=spec_dir)
+    (other / ".keystone").rmdir()  # the agent removed Keystone's directory, left a file
+    (other / "left.txt").write_text("x")
+    remove_workspace(other)
+    assert not other.exists()
+
+
+def test_remove_workspace_never_follows_a_link_put_in_keystones_place(
+    tmp_path: Path, spec_dir: Path
+) -> None:
+    """The agent owns its workspace: a link where `.keystone` was, to an empty directory or
+    to one holding files, is removed as a link; what it points at stays."""
+    for contents in ([], ["precious.txt"]):
+        outside = tmp_path / f"outside-{len(contents)}"
+        outside.mkdir()
+        for name in contents:
+            (outside / name).write_text("keep me")
+        workspace = create_workspace(tmp_path / "root", spec_dir=spec_dir)
+        (workspace / ".keystone").rmdir()
+        (workspace / ".keystone").symlink_to(outside)
+        remove_workspace(workspace)
+        assert not workspace.exists()
+        assert outside.is_dir()
+        assert sorted(p.name for p in outside.iterdir()) == contents
+
+
 def test_file_writes_outside_sees_a_deleted_file(tmp_path: Path, spec_dir: Path) -> None:
     """Issue 12, item 6: deleting a file outside the allowed globs is a violation."""
     workspace = create_workspace(tmp_path / "root", spec_dir=spec_dir, source_dir="fixtures/repo")

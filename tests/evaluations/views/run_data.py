@@ -149,7 +149,7 @@ def storage_settings(root: Path) -> dict[str, Any]:
         "STORAGES": {
             **settings.STORAGES,
             "default": {
-                "BACKEND": "django.core.files.storage.FileSystemStorage",
+                "BACKEND": settings.STORAGES["default"]["BACKEND"],
                 "OPTIONS": {"location": root, "base_url": "/artifacts/"},
             },
         },
