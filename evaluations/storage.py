@@ -5,7 +5,7 @@ new and written whole from memory by the one worker that made it. Django's
 FileSystemStorage writes a file for any caller: an exclusive lock on the open file (for a
 file others may write at once), a buffered file object over the descriptor, the content
 copied chunk by chunk, then the mode and the group set through the path. That is about a
-dozen system calls and 0.15 ms of Python per blob, twice or more per execution, all of it
+dozen system calls and 0.12 ms of Python per blob, twice or more per execution, all of it
 holding the GIL the run's other executions wait for (issue 18). ArtifactStorage writes the
 same file, with the same name, mode and group, through its descriptor: open (O_EXCL, so a
 name taken since get_available_name chose it is never overwritten), write, fchmod, the

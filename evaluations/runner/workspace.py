@@ -82,9 +82,9 @@ def _inside(base: Path, relative: str, *, what: str, allow_outside: bool = False
 def remove_workspace(path: Path) -> None:
     """Delete a workspace, also when the agent left read-only files or directories behind."""
     # Most agents leave nothing behind but Keystone's own (by then emptied) directory: two
-    # rmdir calls remove it, where rmtree opens, lists and checks every directory first
-    # (~0.2 ms of Python per execution, holding the GIL). Anything else (files, a link in
-    # .keystone's place, a directory not ours to list) makes an rmdir fail: rmtree then.
+    # rmdir calls remove it, where rmtree opens, lists and checks every directory first (a
+    # dozen system calls more, per execution). Anything else (files, a link in .keystone's
+    # place, a directory not ours to list) makes an rmdir fail: rmtree then.
     try:
         os.rmdir(path / KEYSTONE_DIR)
         os.rmdir(path)
