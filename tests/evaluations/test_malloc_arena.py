@@ -30,7 +30,8 @@ PROGRAM = textwrap.dedent(
     libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
     libc.fclose.argtypes = [ctypes.c_void_p]
-    path = tempfile.mktemp()
+    handle, path = tempfile.mkstemp()
+    os.close(handle)
     stream = libc.fopen(path.encode(), b"w")
     libc.malloc_info(0, stream)
     libc.fclose(stream)
