@@ -29,7 +29,7 @@ from evaluations.runner.sandbox import (
     ProcessResult,
     Sandbox,
 )
-from evaluations.runner.workspace import KEYSTONE_DIR
+from evaluations.runner.workspace import KEYSTONE_DIR, PROMPT_FILE
 
 AGENT_TYPES = ("command", "http", "python")
 DEFAULT_AGENT_TIMEOUT = 600.0
@@ -251,7 +251,7 @@ class _SandboxInvocation:
 
 
 def _prompt_env(prompt: str, invocation: _SandboxInvocation) -> dict[str, str]:
-    prompt_inside = invocation.write_keystone("prompt.txt", prompt.encode("utf-8"))
+    prompt_inside = invocation.write_keystone(PROMPT_FILE, prompt.encode("utf-8"))
     output_inside = invocation.remove_keystone("output")
     env = {
         "KEYSTONE_PROMPT_FILE": prompt_inside,

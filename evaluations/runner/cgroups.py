@@ -111,21 +111,21 @@ def _find_v2(root: Path, proc_self_cgroup: str) -> tuple[tuple[_Hierarchy, ...],
     base = root / own.lstrip("/")
     delegate = "run the worker in a systemd service or scope with Delegate=yes"
     try:
-        available = set((base / "cgroup.controllers").read_text().split())
+        available = set(_read(base / "cgroup.controllers").split())
         missing = [name for name in LIMITED if name not in available]
         if missing:
             return (), (
                 f"cgroup v2: the worker's group {base} has no {' or '.join(missing)} "
                 f"controller ({delegate})"
             )
-        enabled = set((base / "cgroup.subtree_control").read_text().split())
+        enabled = set(_read(base / "cgroup.subtree_control").split())
         if not set(LIMITED) <= enabled:
             leaf = base / _V2_WORKER_LEAF
             leaf.mkdir(exist_ok=True)
-            for pid in (base / "cgroup.procs").read_text().split():
+            for pid in _read(base / "cgroup.procs").split():
                 with contextlib.suppress(ProcessLookupError):  # exited meanwhile
-                    (leaf / "cgroup.procs").write_text(pid)
-            (base / "cgroup.subtree_control").write_text(" ".join(f"+{n}" for n in LIMITED))
+                    _write(leaf / "cgroup.procs", pid)
+            _write(base / "cgroup.subtree_control", " ".join(f"+{n}" for n in LIMITED))
         _probe(base)
     except OSError as exc:
         return (), (
@@ -176,10 +176,10 @@ def cpu_quota(root: Path, proc_self_cgroup: str) -> float | None:
     while True:
         with contextlib.suppress(OSError, ValueError, ZeroDivisionError):
             if unified:
-                quota, period = (group / "cpu.max").read_text().split()
+                quota, period = _read(group / "cpu.max").split()
             else:
-                quota = (group / "cpu.cfs_quota_us").read_text().strip()
-                period = (group / "cpu.cfs_period_us").read_text().strip()
+                quota = _read(group / "cpu.cfs_quota_us").strip()
+                period = _read(group / "cpu.cfs_period_us").strip()
             if quota not in ("max", "-1"):
                 quotas.append(int(quota) / int(period))
         if group == top:
@@ -237,7 +237,7 @@ class CommandCgroup:
                 path.mkdir()
                 self.paths.append(path)
                 for file_name, limit in limits.items():
-                    (path / file_name).write_text(str(limit))
+                    _write(path / file_name, str(limit))
         except OSError:
             self.__exit__()
             raise
@@ -262,7 +262,7 @@ class CommandCgroup:
         """Put the process `pid`, a shell waiting in `wrap`'s prologue, in every group; the
         caller then writes GATE_LINE to its standard input."""
         for path in self.paths:
-            (path / "cgroup.procs").write_text(str(pid))
+            _write(path / "cgroup.procs", str(pid))
 
     @property
     def kills_leftovers(self) -> bool:
@@ -275,7 +275,7 @@ class CommandCgroup:
         for path in self.paths:
             events = path / "pids.events"
             with contextlib.suppress(OSError, ValueError):
-                if events.exists() and int(events.read_text().split()[1]) > 0:
+                if int(_read(events).split()[1]) > 0:
                     return True
         return False
 
@@ -295,6 +295,30 @@ _STALE_SECONDS = 120.0
 # stat each), which every command paid before.
 _SWEEP_SECONDS = 30.0
 _last_sweep: dict[Path, float] = {}  # parent -> time.monotonic() of this process's last look
+
+
+def _read(path: Path) -> str:
+    """A control file's text. Through the descriptor alone: a file object (what
+    Path.read_text opens) adds four system calls (fstat twice, ioctl, lseek), a command
+    reads three of these files and writes four."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode()
+    finally:
+        os.close(fd)
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a control file in one write(2), which is how the kernel takes its value (opened
+    as a shell's `>` and Path.write_text open it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def _remove_stale(parent: Path) -> None:
@@ -321,7 +345,7 @@ def _empty(path: Path) -> None:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         try:
-            pids = [int(pid) for pid in (path / "cgroup.procs").read_text().split()]
+            pids = [int(pid) for pid in _read(path / "cgroup.procs").split()]
         except OSError:
             return
         if not pids:

@@ -38,6 +38,7 @@ from checks.context import CommandResult, CommandRunner
 from evaluations.runner import local_uids, relay
 from evaluations.runner.cgroups import GATE_LINE, CommandCgroup
 from evaluations.runner.egress import EgressRelay, Endpoint, trap_ports
+from evaluations.runner.workspace import AGENT_HOME, KEYSTONE_DIR
 
 NETWORK_MODES = ("none", "services", "host")
 DEFAULT_MAX_OUTPUT_BYTES = 10 * 1024 * 1024
@@ -48,7 +49,7 @@ DEFAULT_MAX_PROCESSES = 512
 # What the workspace may hold while a command runs (sandbox.resources.disk_mb).
 DEFAULT_DISK_MB = 2048
 # The agent's HOME (and, on the local backend, its TMPDIR), in the workspace.
-HOME_DIR = ".keystone/home"
+HOME_DIR = f"{KEYSTONE_DIR}/{AGENT_HOME}"
 # How long to keep reading a pipe after the process exited (its killed children close it).
 _DRAIN_SECONDS = 2.0
 _READ_CHUNK = 64 * 1024

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -15,6 +16,10 @@ from checks.artifact import FileChange
 
 # Keystone's own files inside a workspace (agent output, audit, trace); never part of the diff.
 KEYSTONE_DIR = ".keystone"
+# What every command leaves in it when the agent added nothing: the agent's HOME, a
+# directory (sandbox.HOME_DIR), and the prompt Keystone wrote for it (agents.py).
+AGENT_HOME = "home"
+PROMPT_FILE = "prompt.txt"
 
 # (size, mtime_ns, sha256 hex) per workspace-relative path with forward slashes.
 FileState = tuple[int, int, str]
@@ -81,19 +86,8 @@ def _inside(base: Path, relative: str, *, what: str, allow_outside: bool = False
 
 def remove_workspace(path: Path) -> None:
     """Delete a workspace, also when the agent left read-only files or directories behind."""
-    # Most agents leave nothing behind but Keystone's own (by then emptied) directory: two
-    # rmdir calls remove it, where rmtree opens, lists and checks every directory first (a
-    # dozen system calls more, per execution). Anything else (files, a link in .keystone's
-    # place, a directory not ours to list) makes an rmdir fail: rmtree then.
-    try:
-        os.rmdir(path / KEYSTONE_DIR)
-        os.rmdir(path)
+    if _remove_untouched(path):
         return
-    except FileNotFoundError:
-        if not path.exists():
-            return
-    except OSError:
-        pass
 
     def make_writable_and_retry(function: Any, failed_path: str, _exc: Any) -> None:
         os.chmod(os.path.dirname(failed_path), 0o700)
@@ -102,6 +96,36 @@ def remove_workspace(path: Path) -> None:
         function(failed_path)
 
     shutil.rmtree(path, onerror=make_writable_and_retry)
+
+
+def _remove_untouched(path: Path) -> bool:
+    """Remove a workspace that holds nothing but Keystone's own entries, by name (six system
+    calls, where rmtree opens, lists and checks every directory: ~45 for the same three
+    entries). False, with whatever is left still there, when anything else is in it (a file
+    the agent wrote, a link in an entry's place): rmtree's work."""
+    try:
+        # Not through a link the agent may have put in `.keystone`'s place; the entries
+        # inside are removed relative to this descriptor, and unlinkat follows no link.
+        own = os.open(path / KEYSTONE_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return not path.exists()
+    except OSError:
+        return False
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(PROMPT_FILE, dir_fd=own)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(AGENT_HOME, dir_fd=own)
+    except OSError:
+        return False
+    finally:
+        os.close(own)
+    try:
+        os.rmdir(path / KEYSTONE_DIR)
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
 
 
 def snapshot(path: Path) -> Snapshot:

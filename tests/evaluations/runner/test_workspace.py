@@ -175,6 +175,61 @@ def test_remove_workspace_never_follows_a_link_put_in_keystones_place(
         assert sorted(p.name for p in outside.iterdir()) == contents
 
 
+def _as_a_command_leaves_it(workspace: Path) -> Path:
+    """Keystone's own entries, as every command leaves them: the prompt and the agent's HOME."""
+    own = workspace / ".keystone"
+    (own / "prompt.txt").write_text("the prompt")
+    (own / "home").mkdir()
+    return own
+
+
+def test_remove_workspace_removes_keystones_own_entries_by_name(
+    tmp_path: Path, spec_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a command leaves (the prompt, an empty HOME) is removed without listing a
+    directory; rmtree is for what the agent added."""
+    import shutil
+
+    workspace = create_workspace(tmp_path / "root", spec_dir=spec_dir)
+    _as_a_command_leaves_it(workspace)
+    with monkeypatch.context() as patched:
+        patched.setattr(shutil, "rmtree", lambda *a, **k: pytest.fail("rmtree was needed"))
+        remove_workspace(workspace)
+    assert not workspace.exists()
+    added = create_workspace(tmp_path / "root", spec_dir=spec_dir)
+    own = _as_a_command_leaves_it(added)
+    (own / "home" / ".bash_history").write_text("ls\n")  # the agent's, in its HOME
+    remove_workspace(added)
+    assert not added.exists()
+    assert list((tmp_path / "root").iterdir()) == []
+
+
+def test_remove_workspace_never_follows_a_link_in_place_of_keystones_entries(
+    tmp_path: Path, spec_dir: Path
+) -> None:
+    """Links the agent put where the prompt, its HOME or `.keystone` were are removed as
+    links: a directory they point at keeps its own `prompt.txt` and `home`."""
+    outside = tmp_path / "outside"
+    (outside / "home").mkdir(parents=True)
+    (outside / "prompt.txt").write_text("keep me")
+    for replaced in ("prompt.txt", "home", ".keystone"):
+        workspace = create_workspace(tmp_path / "root", spec_dir=spec_dir)
+        own = _as_a_command_leaves_it(workspace)
+        if replaced == ".keystone":
+            (own / "prompt.txt").unlink()
+            (own / "home").rmdir()
+            own.rmdir()
+            own.symlink_to(outside)
+        else:
+            target = own / replaced
+            target.unlink() if replaced == "prompt.txt" else target.rmdir()
+            target.symlink_to(outside / replaced)
+        remove_workspace(workspace)
+        assert not workspace.exists(), replaced
+        assert (outside / "prompt.txt").read_text() == "keep me", replaced
+        assert (outside / "home").is_dir(), replaced
+
+
 def test_file_writes_outside_sees_a_deleted_file(tmp_path: Path, spec_dir: Path) -> None:
     """Issue 12, item 6: deleting a file outside the allowed globs is a violation."""
     workspace = create_workspace(tmp_path / "root", spec_dir=spec_dir, source_dir="fixtures/repo")
