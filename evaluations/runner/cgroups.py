@@ -298,9 +298,10 @@ _last_sweep: dict[Path, float] = {}  # parent -> time.monotonic() of this proces
 
 
 def _read(path: Path) -> str:
-    """A control file's text. Through the descriptor alone: a file object (what
-    Path.read_text opens) adds four system calls (fstat twice, ioctl, lseek), a command
-    reads three of these files and writes four."""
+    """A control file's text. Through the descriptor alone: the file object Path.read_text
+    and write_text open adds four or five system calls to each (an fstat, an ioctl, two
+    lseek, and a second fstat to read), and a command reads three of these files and
+    writes four."""
     fd = os.open(path, os.O_RDONLY)
     try:
         chunks = []
