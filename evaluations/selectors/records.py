@@ -44,14 +44,22 @@ class OneCopy(dict[str, str]):
         return self.setdefault(text, text)
 
 
+# Rows fetched at a time by executions_with_rows. Django's default chunk, 2,000 rows of each
+# query held at once, was most of what finalising a 2,000-execution run added to the Python
+# heap at its peak (8.6 MB against 4.5 MB with 200; tracemalloc).
+_CHUNK_ROWS = 200
+
+
 def executions_with_rows(run: Run) -> Iterator[tuple[Execution, list[CheckResult]]]:
     """The run's executions in id order, each with its result rows (in id order), in two
     queries read in chunks: a caller that keeps what it makes of an execution's rows rather
     than the rows holds an execution's or two at a time, never the run's (all 20,000 rows of
     a run at once were 17.7 MB more heap while it was finalised)."""
-    results = CheckResult.objects.filter(run=run).order_by("execution_id", "id").iterator()
+    ordered = CheckResult.objects.filter(run=run).order_by("execution_id", "id")
+    results = ordered.iterator(chunk_size=_CHUNK_ROWS)
     row = next(results, None)
-    for execution in Execution.objects.filter(run=run).order_by("id").iterator():
+    executions = Execution.objects.filter(run=run).order_by("id")
+    for execution in executions.iterator(chunk_size=_CHUNK_ROWS):
         rows = []
         while row is not None and row.execution_id == execution.pk:  # both in id order
             rows.append(row)

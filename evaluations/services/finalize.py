@@ -42,10 +42,13 @@ def run_finalize(*, run_id: int) -> Run:
         return run
     spec = engine_spec(run)
     _evaluate_deferred(run, spec)
-    records = run_records(run)
     # The kappa gate needs people's grades of this run's judge (a query), so only then.
     kappa = run_review_kappa(run) if "judge_human_kappa_min" in spec.gates else None
-    summary = score_run(spec, records, kappa=kappa)
+    summary = score_run(spec, run_records(run), kappa=kappa)
+    # Every execution's record, results included, serves the scoring only (no report is
+    # written here): let them go before the summary's JSON is built and stored, which
+    # would otherwise peak on top of them.
+    summary.records = []
     composites = [e.composite for e in summary.executions]
     run.summary = summary.to_dict()
     run.invariant_counts = summary_invariant_counts(run.summary)
