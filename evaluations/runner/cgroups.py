@@ -7,8 +7,8 @@ The command's first shell waits on its standard input for a line, `go`, which th
 writes once it has put that shell's PID into the group's `cgroup.procs` (`admit`): not one of
 its children is ever born outside it, and nothing of the agent's runs before. The worker does
 the moving, as root or as the delegated subtree's owner, so the shell may already run as the
-execution's uid (the local backend starts it through `setpriv`: one program fewer to start
-than a root shell that joins, then drops, then starts the command's shell). A shell whose
+execution's uid (the local backend starts it so, as_uid.py: one program fewer to start than
+a root shell that joins, then drops, then starts the command's shell). A shell whose
 worker died before admitting it reads end-of-file and exits 125. cgroup v1: a group
 in the worker's own `pids` and `memory` hierarchies. cgroup v2 (the host has
 /sys/fs/cgroup/cgroup.controllers): a group under the worker's own group, when that subtree
@@ -243,17 +243,21 @@ class CommandCgroup:
             raise
         return self
 
-    def wrap(self, argv: list[str], *, then: str = "", in_place: bool = False) -> list[str]:
-        """`argv` behind a shell prologue: once the group has paths, wait for `admit`'s gate
-        line on standard input; then run the shell commands `then` (`"ulimit -f 8 && "`: a
-        failing one keeps the command from starting). `in_place`: every program in `argv`
-        before its closing `/bin/sh -c COMMAND` execs the next in the same process (setpriv),
-        so that shell runs the prologue itself, then COMMAND, on its script's second line
-        (one program fewer to start). Otherwise a shell of its own runs the prologue, then
-        execs `argv` (bwrap forks: its children must be born inside the group)."""
-        if not self.paths and not then:
+    def wrap(
+        self, argv: list[str], *, then: str = "", in_place: bool = False, gate: bool = False
+    ) -> list[str]:
+        """`argv` behind a shell prologue: once the group has paths (or `gate`: the caller
+        has its own reason to hold the command back), wait for the gate line on standard
+        input (`admit`); then run the shell commands `then` (`"ulimit -f 8 && "`: a failing
+        one keeps the command from starting). `in_place`: every program in `argv` before its
+        closing `/bin/sh -c COMMAND` execs the next in the same process, so that shell runs
+        the prologue itself, then COMMAND, on its script's second line (one program fewer to
+        start). Otherwise a shell of its own runs the prologue, then execs `argv` (bwrap
+        forks: its children must be born inside the group)."""
+        gate = gate or bool(self.paths)
+        if not gate and not then:
             return argv
-        prologue = (_GATE if self.paths else "%strue || exit\n") % then
+        prologue = (_GATE if gate else "%strue || exit\n") % then
         if in_place and len(argv) >= 3 and argv[-3:-1] == ["/bin/sh", "-c"]:
             return [*argv[:-1], prologue + argv[-1]]
         return ["/bin/sh", "-c", prologue + 'exec "$@"', "keystone-sandbox", *argv]

@@ -121,8 +121,13 @@ class UidLease:
             os.close(fd)
 
     def uncontained(self) -> None:
-        """A process of the uid ran outside a group that kills all it leaves behind (no
-        cgroup on this host): `release` kills every process of the uid."""
+        """A command of the uid is about to start outside a group that kills all it leaves
+        behind (no cgroup on this host): `release` will kill every process of the uid, and
+        whatever an earlier command left is killed now. Such a process could signal the
+        worker's thread that starts the new command as the uid (as_uid.py): none outlives
+        its command here either, as none does in a group."""
+        if self._sweep:
+            kill_all_processes_of(self.uid)
         self._sweep = True
 
     def __del__(self) -> None:  # a lease nobody released: the lock goes, the file stays
@@ -206,7 +211,9 @@ def take_back(workspace: Path, *, from_uid: int) -> None:
 
 def kill_all_processes_of(uid: int) -> None:
     """SIGKILL every process of `uid`: kill(-1) from a process of that uid reaches exactly
-    the processes it may signal (its uid's), all at once, so none forks away meanwhile."""
+    the processes it may signal (its uid's), all at once, so none forks away meanwhile. A
+    process of its own, not a thread of the worker's (as_uid.run_as): the processes it
+    kills could signal such a thread, and with it the whole worker, until they die."""
     subprocess.run(
         [
             _SETPRIV,

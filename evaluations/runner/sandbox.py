@@ -35,7 +35,7 @@ from typing import Any
 
 from checks import safe_files
 from checks.context import CommandResult, CommandRunner
-from evaluations.runner import local_uids, relay
+from evaluations.runner import as_uid, local_uids, relay
 from evaluations.runner.cgroups import GATE_LINE, CommandCgroup
 from evaluations.runner.egress import EgressRelay, Endpoint, trap_ports
 from evaluations.runner.workspace import AGENT_HOME, KEYSTONE_DIR
@@ -545,10 +545,9 @@ class _ProcessSandbox(Sandbox):
     # way), so that shell can be the one the command's cgroups admit (CommandCgroup.wrap).
     execs_in_place = False
 
-    def _launch_environment(self, env: dict[str, str]) -> tuple[dict[str, str], str]:
-        """The environment to start the launcher (argv's first program) with, and the shell
-        commands that give the command `env` back, run first in its shell's prologue."""
-        return env, ""
+    def _start_as(self, workspace: Path) -> int | None:
+        """The uid to start the command as (as_uid.run_as), or None: as the worker."""
+        return None
 
     def _start(
         self, request: _RunRequest, egress: EgressRelay | None, group: CommandCgroup
@@ -563,20 +562,24 @@ class _ProcessSandbox(Sandbox):
         )
         # The environment goes to the process itself, never onto a command line (bwrap's
         # --setenv), where any process on the host could read secrets in /proc/PID/cmdline.
-        env, restore = self._launch_environment(self._environment(request.env, str(workspace)))
-        limits = restore + _limits(
+        env = self._environment(request.env, str(workspace))
+        limits = _limits(
             _cpu_limit(request.timeout, request.cpus), request.memory_mb, request.file_size_limit
         )
-        # The command's first shell waits on its input for the gate line (cgroups.py): the
-        # input is a pipe then, given back to /dev/null when the command has none.
-        gated = group.kills_leftovers
+        # The command's first shell waits on its input for the gate line (cgroups.py): until
+        # it is in its cgroups, and until the thread that started it as another uid is gone
+        # (as_uid.py). The input is a pipe then, given back to /dev/null when the command
+        # has none.
+        uid = self._start_as(workspace)
+        gated = group.kills_leftovers or uid is not None
         stdin = (request.stdin or "").encode() if request.stdin is not None or gated else None
         if gated and request.stdin is None:
             limits += "exec </dev/null && "
-        started = time.perf_counter()
-        try:
-            process = subprocess.Popen(
-                group.wrap(argv, then=limits, in_place=self.execs_in_place),
+        launched = group.wrap(argv, then=limits, in_place=self.execs_in_place, gate=gated)
+
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                launched,
                 cwd=workspace,
                 env=env,
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -585,6 +588,10 @@ class _ProcessSandbox(Sandbox):
                 start_new_session=True,  # own process group: the whole tree dies together
                 close_fds=True,
             )
+
+        started = time.perf_counter()
+        try:
+            process = start() if uid is None else as_uid.run_as(uid, start)
         except OSError as exc:
             return ProcessResult(
                 None, "", "", False, 0.0, None, error=f"could not start {argv[0]}: {exc}"
@@ -760,9 +767,6 @@ class _ExitWatch:
             self.fd = None
 
 
-SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"  # util-linux, like prlimit
-
-
 class LocalSandbox(_ProcessSandbox):
     """No isolation beyond a process group and session, rlimits, a clean environment and,
     when the worker is root, a user of the execution's own: a uid of KEYSTONE_LOCAL_UIDS
@@ -771,7 +775,7 @@ class LocalSandbox(_ProcessSandbox):
     0700, its own uid's) or read its processes' environment."""
 
     name = "local"
-    execs_in_place = True  # the shell itself, or setpriv, which execs it
+    execs_in_place = True  # the shell itself
 
     def __init__(self, uids: range | None = None) -> None:
         super().__init__()
@@ -796,17 +800,6 @@ class LocalSandbox(_ProcessSandbox):
         # remove per execution (see write_audit's call in the harness for what that costs).
         tmp = {"TMPDIR": f"{workspace_in_sandbox}/{HOME_DIR}"}
         return {**tmp, **super()._environment(env, workspace_in_sandbox)}
-
-    def _launch_environment(self, env: dict[str, str]) -> tuple[dict[str, str], str]:
-        # setpriv loads its environment's locale at start, file by file (LANG=C.UTF-8: 30
-        # files opened, 0.3-0.5 ms of system time per command here). It prints nothing that
-        # needs one: it starts under LC_ALL=C, and the shell it execs unsets that before
-        # anything else, so the command sees `env` as it was given (the same when there is
-        # no uid to drop to and the shell is the launcher). A spec that sets LC_ALL itself
-        # keeps it throughout.
-        if "LC_ALL" in env:
-            return env, ""
-        return {**env, "LC_ALL": "C"}, "unset LC_ALL && "
 
     def _runs_as_own_uid(self, workspace: Path) -> bool:
         # As its own uid wherever another user can reach the workspace (without a mount
@@ -884,19 +877,14 @@ class LocalSandbox(_ProcessSandbox):
         egress: EgressRelay | None = None,
     ) -> list[str]:
         # Nothing to isolate with: the workspace is the working directory, the network and
-        # the extra binds are the host's own.
-        shell = ["/bin/sh", "-c", command]
-        uid = self.uid
-        if uid is None or not self._runs_as_own_uid(workspace):
-            return shell
-        # setpriv drops to the execution's uid, then execs the shell, which waits for the
-        # worker to put it in the command's cgroups and sets its rlimits before the command
-        # (CommandCgroup.wrap, in place); no preexec function in the worker (Popen's user=
-        # would cost a fork of the whole worker instead of a vfork); no supplementary group,
-        # no capability, no setuid escalation.
-        drop = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-        drop += ["--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
-        return [SETPRIV, *drop, "--", *shell]
+        # the extra binds are the host's own. The user is _start_as's.
+        return ["/bin/sh", "-c", command]
+
+    def _start_as(self, workspace: Path) -> int | None:
+        # The shell starts as the execution's uid (as_uid.run_as: no supplementary group, no
+        # capability, no setuid escalation), waits for the worker to put it in the
+        # command's cgroups, and sets its rlimits before the command (CommandCgroup.wrap).
+        return self.uid if self._runs_as_own_uid(workspace) else None
 
 
 def _cpu_limit(timeout: float, cpus: float | None) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.runner import local_uids
+from evaluations.runner import cgroups, local_uids
 from evaluations.runner.sandbox import NOBODY, LocalSandbox
 
 CANARY = "keystone-worker-only-6c2e"
@@ -114,7 +114,7 @@ def test_a_worker_that_is_not_root_warns_that_the_agent_shares_its_uid(reachable
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
 def test_rlimits_above_the_workers_own_hard_limits_still_start_the_agent(reachable: Path) -> None:
-    """The agent's shell sets its rlimits after setpriv dropped root, so it cannot raise
+    """The agent's shell sets its rlimits once started as its uid, so it cannot raise
     them: asked for more than the worker's own hard limits (an operator's `ulimit -H`), it
     gets those limits instead of failing to start."""
     workspace = reachable / "ws"
@@ -138,3 +138,59 @@ print(json.dumps([sandbox.uid, result.exit_code, result.stdout, result.stderr]))
     ran_as, cpu_hard, file_blocks = stdout.split()
     assert int(ran_as) == uid != 0  # dropped to the execution's uid before setting them
     assert (int(cpu_hard), int(file_blocks)) == (20, 4096)
+
+
+# A process the agent leaves behind, sending SIGKILL to every thread of the worker over and
+# over (tgkill: the kernel checks it against each target thread's own ids). A thread of the
+# worker that ran as the agent's uid meanwhile (as_uid.py starts each command so) would die,
+# and the whole worker with it. perl: found on every Debian, with a raw `syscall`.
+_TGKILL = {"x86_64": 234, "aarch64": 131, "riscv64": 131}[os.uname().machine]
+_THREAD_KILLER = (  # in a session of its own: out of reach of the kill of its command's group
+    'setsid perl -e \'$w = 0 + shift; while (opendir(my $d, "/proc/$w/task")) {'
+    f" syscall({_TGKILL}, $w, 0 + $_, 9) for grep {{ /^\\d+$/ }} readdir $d }}' $PPID"
+    " </dev/null >/dev/null 2>&1 &"
+)
+_WORKER = """
+import json, sys, time
+from pathlib import Path
+from evaluations.runner import cgroups
+if sys.argv[2] == "uncontained":  # a host without cgroups: no group kills what it leaves
+    cgroups._controllers = lambda: ((), "none in this test")
+from evaluations.runner.sandbox import LocalSandbox
+sandbox = LocalSandbox()
+workspace = Path(sys.argv[1])
+# The pause: long enough for the killer to leave its command's process group, which the
+# end of the command kills.
+first = sandbox.run(sys.argv[3] + " sleep 0.3; echo left", workspace=workspace, env={},
+                    timeout=30)
+time.sleep(0.5)  # the killer, if it survived its command, spins meanwhile
+runs = [sandbox.run("id -u", workspace=workspace, env={}, timeout=30) for _ in range(20)]
+print(json.dumps([first.stdout, [r.stdout for r in runs], sandbox.uid]), flush=True)
+sandbox.release()
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
+@pytest.mark.parametrize("hosting", ["contained", "uncontained"])
+def test_what_an_agent_leaves_running_cannot_kill_the_worker_at_its_next_command(
+    reachable: Path, hosting: str
+) -> None:
+    """Each command starts as the execution's uid from a thread of the worker's, which that
+    uid could signal while it lives: no process of the uid outlives its command, so none is
+    there to try. In a cgroup, the group kills it when its command ends; without cgroups,
+    the next command's start does (local_uids.UidLease.uncontained)."""
+    if hosting == "contained" and not cgroups.support()[0]:
+        pytest.skip("this host has no cgroups the worker may use")
+    workspace = reachable / "ws"
+    workspace.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _WORKER, str(workspace), hosting, _THREAD_KILLER],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    first, later, uid = json.loads(done.stdout)
+    assert first == "left\n"
+    assert later == [f"{uid}\n"] * 20

@@ -235,8 +235,24 @@ def test_a_shell_command_runs_in_the_admitted_shell_itself(tmp_path: Path) -> No
     assert out.strip().split("|") == ["/bin/sh", "0", "5", "unset", str(pid)]
 
 
+def test_gate_holds_the_command_back_without_any_group() -> None:
+    """`gate`: a caller with its own reason to hold the command back (the local backend,
+    until the thread that started it as the execution's uid is gone) gets the gate where
+    the host has no cgroup: nothing runs before the line, nothing at all without it."""
+    with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=()) as group:
+        assert not group.kills_leftovers
+        assert group.wrap(["/bin/sh", "-c", "echo ran"], in_place=True) == [
+            "/bin/sh",
+            "-c",
+            "echo ran",
+        ]
+        argv = group.wrap(["/bin/sh", "-c", "echo ran"], in_place=True, gate=True)
+        assert _run_admitted(group, argv)[:2] == ("ran\n", 0)
+        assert _run_admitted(group, argv, gate=False)[:2] == ("", 125)
+
+
 def test_a_program_that_execs_the_shell_in_place_keeps_its_argv_before_it(tmp_path: Path) -> None:
-    # As setpriv: the prologue goes to the closing shell, after the programs that exec it.
+    # As `env` execs the shell here: the prologue goes to the closing shell, after them.
     with CommandCgroup(max_processes=7, memory_mb=64, hierarchies=_v1_groups(tmp_path)) as group:
         argv = group.wrap(["/usr/bin/env", "/bin/sh", "-c", "echo $$"], in_place=True)
         assert argv[:3] == ["/usr/bin/env", "/bin/sh", "-c"] and len(argv) == 4
