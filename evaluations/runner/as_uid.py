@@ -24,6 +24,9 @@ command started in the thread runs nothing of the agent's until its shell reads 
 line (cgroups.py), which the caller writes after `run_as` has returned, and `run_as`
 returns only once the thread is gone from the kernel's tables.
 
+Once a thread has changed its ids, the kernel marks the worker's process as not dumpable
+(fs.suid_dumpable, 0 by default): no core dump, and no ptrace but root's. It stays so.
+
 Linux on x86-64, arm64 and riscv64 (the system call numbers below).
 """
 
