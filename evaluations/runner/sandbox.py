@@ -462,9 +462,10 @@ def _hand_to(workspace: Path, uid: int) -> None:
     """Make the workspace `uid`'s (group too), its top directory closed to every other user
     (0700): an agent running as `uid` can write it, no other execution's agent can enter it,
     and Keystone (root) still reads and removes all of it. Links are changed, never followed
-    (lchown; os.walk does not descend into them)."""
+    (lchown; os.walk does not descend into them). Each entry once: a directory as its
+    parent's entry, the top one before the walk."""
+    os.lchown(workspace, uid, uid)
     for directory, dirnames, filenames in os.walk(workspace):
-        os.lchown(directory, uid, uid)
         for name in dirnames + filenames:
             os.lchown(os.path.join(directory, name), uid, uid)
     os.chmod(workspace, 0o700)

@@ -748,3 +748,33 @@ def test_a_command_its_cgroups_cannot_admit_never_runs(
     result = process_sandbox.run("touch ran", workspace=workspace, env={}, timeout=10)
     assert result.error is not None and "could not limit the command" in result.error
     assert not (workspace / "ran").exists()
+
+
+def test_handing_the_workspace_over_changes_each_entry_once_and_follows_no_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every entry of the workspace becomes the execution's uid's, each with one lchown (a
+    directory used to be changed twice: as its parent's entry and again when walked), links
+    as links."""
+    from evaluations.runner import sandbox as sandbox_module
+
+    workspace = tmp_path / "ws"
+    (workspace / ".keystone" / "home").mkdir(parents=True)
+    (workspace / ".keystone" / "prompt.txt").write_text("p")
+    (workspace / "src").mkdir()
+    (workspace / "src" / "app.py").write_text("x")
+    (workspace / "out").symlink_to(tmp_path)  # a link out: changed itself, never entered
+    changed: list[str] = []
+    monkeypatch.setattr(os, "lchown", lambda path, uid, gid: changed.append(str(path)))
+    sandbox_module._hand_to(workspace, 1900004321)
+    relative = sorted(os.path.relpath(path, workspace) for path in changed)
+    assert relative == [
+        ".",
+        ".keystone",
+        ".keystone/home",
+        ".keystone/prompt.txt",
+        "out",
+        "src",
+        "src/app.py",
+    ]
+    assert (workspace.stat().st_mode & 0o777) == 0o700
