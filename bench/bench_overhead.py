@@ -6,6 +6,9 @@ wall time of all that minus the agent's own process time (its user+sys CPU). Two
 both making the figure conservative or easy to check: Docker reports no CPU time, so there the
 whole wall time counts as overhead; under bwrap the measured CPU includes bwrap's own setup,
 so compare the wall column too (it bounds the overhead from above). Median over --runs.
+The local backend in its default isolation: run as root, each execution's agent as a uid of
+its own, the workspaces where that uid can reach them (home.py); a measurement that finds the
+agent ran as root instead stops with the reason.
 
     /work/venv/bin/python bench/bench_overhead.py [--runs 50] [--backends local,bwrap,docker]
 
@@ -17,13 +20,15 @@ reason is printed; the others are still measured).
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from home import RAN_AS_ROOT, traversable_tmpdir  # noqa: E402
 
 from checks.artifact import RunArtifact  # noqa: E402
 from checks.context import CheckContext  # noqa: E402
@@ -80,6 +85,9 @@ def one_execution(sandbox: Sandbox, root: Path, spec_dir: Path) -> tuple[float, 
             raise RuntimeError(
                 f"{sandbox.name}: no-op agent did not succeed: {result.error} {result.stderr}"
             )
+        weaker = [w for w in sandbox.run_warnings(workspace) if RAN_AS_ROOT in w]
+        if weaker:  # measured in a weaker isolation than the default's
+            raise SystemExit(f"{sandbox.name}: {weaker[0]}")
         artifact = RunArtifact(
             final_output=result.final_output,
             status=result.status,
@@ -103,12 +111,17 @@ def one_execution(sandbox: Sandbox, root: Path, spec_dir: Path) -> tuple[float, 
 
 
 def measure(sandbox: Sandbox, runs: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix="keystone-bench-") as scratch:
-        root, spec_dir = Path(scratch) / "workspaces", Path(scratch) / "spec"
+    # Where the executions' uids can reach their workspaces (home.py): the local backend's
+    # default isolation, not its fallback to running the agent as root.
+    scratch = traversable_tmpdir("keystone-bench-")
+    try:
+        root, spec_dir = scratch / "workspaces", scratch / "spec"
         spec_dir.mkdir()
         for _ in range(3):  # warm caches (page cache, docker image layers, imports)
             one_execution(sandbox, root, spec_dir)
         samples = [one_execution(sandbox, root, spec_dir) for _ in range(runs)]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     overheads = sorted(sample[2] for sample in samples)
     return {
         "median_overhead_ms": statistics.median(overheads),
