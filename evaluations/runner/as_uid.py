@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import os
 import threading
@@ -73,7 +74,16 @@ class _CapData(ctypes.Structure):
     ]
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
+# PyDLL: the calls keep the interpreter lock. Each is a short system call; releasing the
+# lock around each of the ~50 would hand it to another thread and back every time.
+_libc = ctypes.PyDLL(None, use_errno=True)
+_libc.prctl.argtypes = [
+    ctypes.c_int,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+]
 
 
 def _check(result: int, what: str) -> None:
@@ -88,9 +98,10 @@ def _syscall(number: int, *args: object, what: str) -> None:
 
 def _prctl(option: int, value: int, what: str) -> None:
     # prctl is a plain system call in glibc: it changes the calling thread only.
-    _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), what)
+    _check(_libc.prctl(option, value, 0, 0, 0), what)
 
 
+@functools.cache
 def _last_capability() -> int:
     with open("/proc/sys/kernel/cap_last_cap") as handle:
         return int(handle.read())
