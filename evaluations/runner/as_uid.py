@@ -1,8 +1,8 @@
-"""Doing something as an execution's uid from the worker (root): start its command, or kill
-every process it left, without a program in between and without forking the worker.
+"""Starting an execution's command as its uid from the worker (root), without a program in
+between and without forking the worker.
 
-`setpriv` did it before: one more program to load per command, 1.5 ms of CPU of the 7 a
-no-op execution costs, most of it in the kernel (issue 18). Popen's own `user=` and a
+`setpriv` did it before: one more program to load per command, 1.3 ms of CPU of the ~7 a
+no-op execution costs (issue 18). Popen's own `user=` and a
 preexec function both make Python fork the whole worker instead of vforking it: slower
 still. What makes the difference: Linux keeps a process's user and group ids, capabilities
 and no_new_privs per thread. glibc's setuid() and its kind change every thread of the
