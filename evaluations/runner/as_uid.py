@@ -2,10 +2,10 @@
 between and without forking the worker.
 
 `setpriv` did it before: one more program to load per command, 1.3 ms of CPU of the ~7 a
-no-op execution costs (issue 18). Popen's own `user=` and a
-preexec function both make Python fork the whole worker instead of vforking it: slower
-still. What makes the difference: Linux keeps a process's user and group ids, capabilities
-and no_new_privs per thread. glibc's setuid() and its kind change every thread of the
+no-op execution costs (issue 18). Popen's own `user=` and a preexec function both make
+Python fork the whole worker instead of vforking it: slower still. What makes the
+difference: Linux keeps a process's user and group ids, capabilities and no_new_privs per
+thread. glibc's setuid() and its kind change every thread of the
 process together (they signal each one to make the same call); the system calls themselves
 change only the thread that makes them.
 
