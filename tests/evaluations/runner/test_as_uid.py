@@ -7,14 +7,25 @@ import gc
 import os
 import subprocess
 import threading
+from collections.abc import Iterator
 
 import pytest
 
+from evaluations.runner import local_uids
 from evaluations.runner.as_uid import run_as
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
 
-UID = 1900004321  # in KEYSTONE_LOCAL_UIDS' default range, held by no account
+
+@pytest.fixture
+def uid() -> Iterator[int]:
+    """A uid of KEYSTONE_LOCAL_UIDS held for the test, as an execution holds its own: no
+    other execution's processes run as it meanwhile."""
+    lease = local_uids.acquire()
+    yield lease.uid
+    lease.release()
+
+
 IDENTITY = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")
 
 
@@ -29,20 +40,21 @@ def _thread_identity(native_id: int | None = None) -> dict[str, str]:
         return _identity(handle.read())
 
 
-NOTHING_BUT_THE_UID = {
-    "Uid": f"{UID} {UID} {UID} {UID}",
-    "Gid": f"{UID} {UID} {UID} {UID}",
-    "Groups": "",
-    "CapInh": "0000000000000000",
-    "CapPrm": "0000000000000000",
-    "CapEff": "0000000000000000",
-    "CapBnd": "0000000000000000",
-    "CapAmb": "0000000000000000",
-    "NoNewPrivs": "1",
-}
+def _nothing_but(uid: int) -> dict[str, str]:
+    return {
+        "Uid": f"{uid} {uid} {uid} {uid}",
+        "Gid": f"{uid} {uid} {uid} {uid}",
+        "Groups": "",
+        "CapInh": "0000000000000000",
+        "CapPrm": "0000000000000000",
+        "CapEff": "0000000000000000",
+        "CapBnd": "0000000000000000",
+        "CapAmb": "0000000000000000",
+        "NoNewPrivs": "1",
+    }
 
 
-def test_the_job_runs_as_the_uid_with_nothing_else_and_no_other_thread_changes() -> None:
+def test_the_job_runs_as_the_uid_with_nothing_else_and_no_other_thread_changes(uid: int) -> None:
     caller = threading.get_native_id()
     before = _thread_identity()
     assert before["Uid"] == "0 0 0 0"
@@ -51,25 +63,25 @@ def test_the_job_runs_as_the_uid_with_nothing_else_and_no_other_thread_changes()
         # Read from inside: the caller is waiting meanwhile, still root.
         return threading.get_native_id(), _thread_identity(), _thread_identity(caller)
 
-    native_id, inside, caller_meanwhile = run_as(UID, job)
+    native_id, inside, caller_meanwhile = run_as(uid, job)
     assert native_id != caller
-    assert inside == NOTHING_BUT_THE_UID
+    assert inside == _nothing_but(uid)
     assert caller_meanwhile == before
     assert _thread_identity() == before
     assert os.getresuid() == (0, 0, 0)
 
 
-def test_a_process_started_in_the_job_is_the_uid_s_and_can_gain_nothing() -> None:
+def test_a_process_started_in_the_job_is_the_uid_s_and_can_gain_nothing(uid: int) -> None:
     script = "grep -E '^(Uid|Gid|Groups|Cap|NoNewPrivs)' /proc/self/status"
     process = run_as(
-        UID, lambda: subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE)
+        uid, lambda: subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE)
     )
     out, _ = process.communicate(timeout=10)  # reaped from this thread: a child of the worker
     assert process.returncode == 0
-    assert _identity(out.decode()) == NOTHING_BUT_THE_UID
+    assert _identity(out.decode()) == _nothing_but(uid)
 
 
-def test_it_returns_once_the_thread_is_gone_and_raises_what_the_job_raised() -> None:
+def test_it_returns_once_the_thread_is_gone_and_raises_what_the_job_raised(uid: int) -> None:
     seen: list[int] = []
 
     def job() -> None:
@@ -77,19 +89,19 @@ def test_it_returns_once_the_thread_is_gone_and_raises_what_the_job_raised() -> 
         raise LookupError("the job's own error")
 
     with pytest.raises(LookupError, match="the job's own error"):
-        run_as(UID, job)
+        run_as(uid, job)
     assert not os.path.exists(f"/proc/self/task/{seen[0]}")
-    assert run_as(UID, lambda: 42) == 42
+    assert run_as(uid, lambda: 42) == 42
 
 
-def test_no_garbage_collection_runs_in_the_uid_s_thread() -> None:
+def test_no_garbage_collection_runs_in_the_uid_s_thread(uid: int) -> None:
     """A collection there would run the finalizers of whatever it found as the uid."""
     assert gc.isenabled()
-    assert run_as(UID, gc.isenabled) is False
+    assert run_as(uid, gc.isenabled) is False
     assert gc.isenabled()
     gc.disable()  # switched off by someone else: left off
     try:
-        run_as(UID, gc.isenabled)
+        run_as(uid, gc.isenabled)
         assert not gc.isenabled()
     finally:
         gc.enable()
