@@ -1,9 +1,9 @@
 """Where a benchmark keeps its KEYSTONE_HOME, so that it measures the local sandbox as a root
 installation runs it: each execution's agent as a uid of its own (KEYSTONE_LOCAL_UIDS,
-started through setpriv). That needs a home those uids can traverse. A directory from
+evaluations/runner/as_uid.py). That needs a home those uids can traverse. A directory from
 `tempfile.mkdtemp` is its owner's only, and the sandbox then falls back to running the agent
-as root, the worker's own user, with a warning: a weaker isolation, and one program fewer to
-start per command, whose figures are not the default's."""
+as root, the worker's own user, with a warning: a weaker isolation, whose figures are not
+the default's."""
 
 from __future__ import annotations
 

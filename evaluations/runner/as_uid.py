@@ -51,6 +51,7 @@ _CALLS = {
     "aarch64": (159, 149, 147, 91),
     "riscv64": (159, 149, 147, 91),
 }
+_MACHINE = os.uname().machine
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAP_AMBIENT = 47
@@ -109,11 +110,10 @@ def _last_capability() -> int:
 
 def _become(uid: int) -> None:
     """Give the calling thread `uid`'s identity (its group too) and nothing else, for good."""
-    machine = os.uname().machine
-    calls = _CALLS.get(machine)
+    calls = _CALLS.get(_MACHINE)
     if calls is None:
         raise AsUidUnavailable(
-            f"running agents as their own uids is not supported on {machine} "
+            f"running agents as their own uids is not supported on {_MACHINE} "
             "(use sandbox.backend: bwrap)"
         )
     setgroups, setresgid, setresuid, capset = calls
