@@ -159,9 +159,18 @@ def execution_record_error(*, execution_id: int, worker: str, error: str) -> Non
 
 
 def _count_done(run_id: int) -> None:
-    """Count one more finished execution; the last one hands the run to run_finalize. Two
-    UPDATEs, no read: the second moves the run on only when the count reached the plan."""
-    statements.update(Run, where={"id": run_id}, values={"executions_done": statements.Add(1)})
+    """Count one more finished execution; the last one hands the run to run_finalize. The
+    count's UPDATE says whether it reached the plan; only then a second UPDATE moves the run
+    on (if it still runs). Both in the caller's transaction: the first holds the run's row
+    locked until the commit, so no other execution is counted in between."""
+    reached = statements.update_reading(
+        Run,
+        where={"id": run_id},
+        values={"executions_done": statements.Add(1)},
+        read="executions_done >= execution_count",
+    )
+    if reached is not None and not reached[0]:
+        return  # the common case: one statement per execution, not two
     last = statements.update(
         Run,
         where={"id": run_id, "status": RunStatus.RUNNING},

@@ -3,11 +3,11 @@
 Each execution is claimed (its row coming back with the claim), recorded and counted by a
 handful of UPDATEs and INSERTs. The ORM compiles each one again on every call, 0.1-0.5 ms of
 Python apiece: together about a fifth of Keystone's own CPU time per no-op execution, all of
-it holding the GIL (issue 18). `row`, `update`, `update_row` and `insert` run the statement
-the ORM would: the model's table and column names, the text cached by its shape, and each
-value adapted by its field's `pre_save` (inserts) and `get_db_prep_save`, or read back
-through the converters the ORM's compiler applies (datetimes for SQLite, JSON for each
-backend). Updates test equality and a fixed SQL condition only; any other read or write
+it holding the GIL (issue 18). `row`, `update`, `update_reading`, `update_row` and `insert`
+run the statement the ORM would: the model's table and column names, the text cached by its
+shape, and each value adapted by its field's `pre_save` (inserts) and `get_db_prep_save`, or
+read back through the converters the ORM's compiler applies (datetimes for SQLite, JSON for
+each backend). Updates test equality and a fixed SQL condition only; any other read or write
 stays with the ORM.
 """
 
@@ -47,6 +47,29 @@ def update(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
+
+
+def update_reading(
+    model: type[Model],
+    *,
+    where: Mapping[str, Any],
+    values: Mapping[str, Any],
+    read: str,
+) -> tuple[Any, ...] | None:
+    """`update` of one row (`where` names its primary key as "id") that reads back the SQL
+    expressions `read` (comma-separated, column names as written) as the UPDATE left the
+    row, in the same statement (UPDATE ... RETURNING). None when no row was changed, or
+    where the database cannot return them (SQLite before 3.35): the caller then reads what
+    it needs by a statement of its own."""
+    connection = connections[router.db_for_write(model)]
+    if not connection.features.can_return_columns_from_insert:
+        update(model, where=where, values=values)
+        return None
+    sql, params = _update(connection, model, where, values, "", ())
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {read}", params)
+        found = cursor.fetchone()
+    return None if found is None else tuple(found)
 
 
 def update_row(

@@ -29,10 +29,11 @@ invariants:
 """
 
 # Claim, the row coming back with it (1), then record it in one transaction: BEGIN, the
-# conditional UPDATE of the execution, the results, the artifact rows, the run's counter and
-# its completion check, COMMIT (7). No row lock read, no savepoint, no re-read. A worker
-# reads the execution's run too (1); `keystone run` reads it once per thread and passes it.
-STATEMENTS_PER_EXECUTION = 9
+# conditional UPDATE of the execution, the results, the artifact rows, the run's counter
+# (which reads back whether the plan is complete: a second UPDATE only for the last one),
+# COMMIT (6). No row lock read, no savepoint, no re-read. A worker reads the execution's run
+# too (1); `keystone run` reads it once per thread and passes it.
+STATEMENTS_PER_EXECUTION = 8
 
 
 @pytest.mark.parametrize("caller_has_the_run", [False, True], ids=["worker", "keystone-run"])

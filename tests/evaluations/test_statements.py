@@ -106,6 +106,61 @@ def test_add_increments_the_column_and_conditions_compare_columns(tmp_path) -> N
     assert (run.executions_done, run.status) == (run.execution_count, RunStatus.FINALIZING)
 
 
+def test_update_reading_reads_the_row_back_as_the_update_left_it(tmp_path) -> None:
+    run = planned(tmp_path)
+    assert run.execution_count == 2
+    count = {
+        "where": {"id": run.pk},
+        "values": {"executions_done": statements.Add(1)},
+        "read": "executions_done, executions_done >= execution_count",
+    }
+    done, reached = statements.update_reading(Run, **count)
+    assert (done, bool(reached)) == (1, False)
+    done, reached = statements.update_reading(Run, **count)
+    assert (done, bool(reached)) == (2, True)
+    assert statements.update_reading(Run, **{**count, "where": {"id": run.pk + 1000}}) is None
+    run.refresh_from_db()
+    assert run.executions_done == 2
+
+
+def test_counting_an_execution_takes_one_statement_and_the_last_one_two(
+    tmp_path, django_assert_num_queries
+) -> None:
+    """Every execution's commit counts it; only the one that completes the plan also moves
+    the run on, to finalising."""
+    from evaluations.services.recording import _count_done
+
+    run = planned(tmp_path)
+    with django_assert_num_queries(1):
+        _count_done(run.pk)
+    run.refresh_from_db()
+    assert (run.executions_done, run.status) == (1, RunStatus.RUNNING)
+    with django_assert_num_queries(2):
+        _count_done(run.pk)
+    run.refresh_from_db()
+    assert (run.executions_done, run.status) == (2, RunStatus.FINALIZING)
+
+
+def test_without_returning_the_count_is_read_by_the_second_statement(
+    tmp_path, monkeypatch, django_assert_num_queries
+) -> None:
+    """SQLite before 3.35 has no RETURNING: every count then takes both statements, and the
+    run still moves on only once the plan is complete."""
+    from django.db import connection
+
+    from evaluations.services.recording import _count_done
+
+    run = planned(tmp_path)
+    monkeypatch.setattr(connection.features, "can_return_columns_from_insert", False)
+    with django_assert_num_queries(2):
+        _count_done(run.pk)
+    run.refresh_from_db()
+    assert (run.executions_done, run.status) == (1, RunStatus.RUNNING)
+    _count_done(run.pk)
+    run.refresh_from_db()
+    assert (run.executions_done, run.status) == (2, RunStatus.FINALIZING)
+
+
 def test_inserted_rows_read_back_as_bulk_create_writes_them(tmp_path) -> None:
     """More rows than one statement takes on SQLite (66 of these), with JSON, text the SQL
     must not misread and the defaults filled in."""
