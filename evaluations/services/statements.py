@@ -65,10 +65,7 @@ def update_reading(
     if not connection.features.can_return_columns_from_insert:
         update(model, where=where, values=values)
         return None
-    sql, params = _update(connection, model, where, values, "", ())
-    with connection.cursor() as cursor:
-        cursor.execute(f"{sql} RETURNING {read}", params)
-        found = cursor.fetchone()
+    found = _update_returning(connection, model, where, values, "", (), returning=read)
     return None if found is None else tuple(found)
 
 
@@ -93,12 +90,28 @@ def update_row(
             condition_params=condition_params,
         )
         return row(model, where["id"]) if changed else None
-    sql, params = _update(connection, model, where, values, condition, condition_params)
     names, columns, attnames = _selection(model, connection.alias)
-    with connection.cursor() as cursor:
-        cursor.execute(f"{sql} RETURNING {names}", params)
-        found = cursor.fetchone()
+    found = _update_returning(
+        connection, model, where, values, condition, condition_params, returning=names
+    )
     return None if found is None else _loaded(model, connection, found, columns, attnames)
+
+
+def _update_returning(
+    connection: Any,
+    model: type[Model],
+    where: Mapping[str, Any],
+    values: Mapping[str, Any],
+    condition: str,
+    condition_params: Sequence[Any],
+    *,
+    returning: str,
+) -> Sequence[Any] | None:
+    """The UPDATE with `RETURNING returning`: the changed row's values, None if none was."""
+    sql, params = _update(connection, model, where, values, condition, condition_params)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {returning}", params)
+        return cursor.fetchone()
 
 
 def _update(
