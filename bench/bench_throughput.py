@@ -109,6 +109,11 @@ def main() -> int:
     import django
 
     django.setup()
+    from keystone_web.serving import app_loaded
+
+    # As a web server's process is when it starts a run (keystone_web/wsgi.py): Celery's
+    # client is loaded, so the clock does not count its import in this process.
+    app_loaded()
     from evaluations import services
     from evaluations.models import CheckResult, Execution, Run, RunStatus, Trigger
 

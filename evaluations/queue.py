@@ -16,9 +16,13 @@ handed on, so the services that enqueue never import the task module that calls 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 logger = logging.getLogger(__name__)
 
@@ -39,18 +43,23 @@ def _send(task_name: str, *args: int) -> None:
         return
     from kombu.exceptions import OperationalError
 
-    # Celery and the tasks are imported only when work is handed on: importing the tasks
-    # registers them with the app (shared_task), so they can be looked up by name here.
-    from evaluations import tasks  # noqa: F401
-    from keystone_web.celery import app
-
     try:
-        app.tasks[task_name].delay(*args)
+        broker_client().tasks[task_name].delay(*args)
     except OperationalError as exc:
         # The broker is away. The rows are committed; the periodic sweep sends the message
         # again (services.run_sweep_stuck, execution_requeue_expired), so nothing is stuck
         # and the request that made them does not fail.
         logger.warning("could not send %s%s to the broker: %s", task_name, args, exc)
+
+
+def broker_client() -> Celery:
+    """Celery's app with Keystone's tasks registered on it, imported the first time work is
+    handed on (importing the tasks registers them: shared_task), or when a web server starts
+    (keystone_web.serving), so that its first request to start a run does not pay for it."""
+    from evaluations import tasks  # noqa: F401
+    from keystone_web.celery import app
+
+    return app
 
 
 def run_plan_later(run_id: int) -> None:

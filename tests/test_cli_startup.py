@@ -278,6 +278,25 @@ def test_a_web_server_loads_every_view_and_freezes_them_before_its_first_request
     assert frozen > 10_000
 
 
+@pytest.mark.parametrize("broker", [False, True], ids=["embedded", "broker"])
+def test_a_web_server_with_a_broker_loads_celery_s_client_before_its_first_request(
+    tmp_path: Path, broker: bool
+) -> None:
+    """The first run a request starts sends its message through Celery's client: loaded with
+    the app (keystone_web.serving.app_loaded), kombu's transport for the broker included, and
+    without connecting to the broker (none listens at this address). A server on the embedded
+    default, which sends no messages, loads none of it."""
+    code = (
+        "import json, sys\n"
+        "import keystone_web.wsgi\n"
+        "print(json.dumps([m in sys.modules for m in ('celery', 'evaluations.tasks', "
+        "'kombu.transport.redis')]))"
+    )
+    extra = {"CELERY_BROKER_URL": "redis://127.0.0.1:9/0"} if broker else {}
+    loaded = _json_printed_by(code, embedded_env(tmp_path / "home", **extra), timeout=60)
+    assert loaded == [broker] * 3
+
+
 @pytest.mark.parametrize(
     ("spec", "proxy"),
     [
