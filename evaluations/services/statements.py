@@ -13,6 +13,7 @@ stays with the ORM.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -200,25 +201,51 @@ def _by_primary_key(model: type[Model], alias: str) -> str:
     )
 
 
-def insert(model: type[Model], rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
+# psycopg parses a statement's text at every call once it has more parameters than this (it
+# keeps the parsing of shorter ones): a run's plan of 1,000 executions, 22,000 of them, spent
+# 0.15 s in that parsing alone. COPY sends the rows with no statement to parse.
+PARSED_EVERY_TIME_ABOVE = 50
+
+
+def insert(model: type[Model], rows: Sequence[Model]) -> None:
     """INSERT `rows` (instances of `model`, primary keys left to the database), as many to
     a statement as the database takes (as `bulk_create` would), without reading the new
-    keys back. `ignore_conflicts`: a row a unique constraint refuses is skipped (ON CONFLICT
-    DO NOTHING, as `bulk_create(ignore_conflicts=True)`), the others are inserted."""
+    keys back. On PostgreSQL, rows with more values than PARSED_EVERY_TIME_ABOVE go in by
+    COPY: the same rows, columns and errors (a unique constraint's as an IntegrityError)."""
+    if not rows:
+        return
     connection = connections[router.db_for_write(model)]
     fields = _inserted_fields(model)
+    if connection.vendor == "postgresql" and len(rows) * len(fields) > PARSED_EVERY_TIME_ABOVE:
+        _copy(connection, model, rows)
+        return
     size = max(1, connection.ops.bulk_batch_size(list(fields), list(rows)))
     for start in range(0, len(rows), size):
         batch = rows[start : start + size]
-        params = [
-            field.get_db_prep_save(field.pre_save(row, True), connection)
-            for row in batch
-            for field in fields
-        ]
         with connection.cursor() as cursor:
             cursor.execute(
-                _insertion(model, connection.alias, len(batch), ignore_conflicts), params
+                _insertion(model, connection.alias, len(batch)),
+                [value for row in batch for value in _inserted_values(connection, fields, row)],
             )
+
+
+def _copy(connection: Any, model: type[Model], rows: Sequence[Model]) -> None:
+    fields = _inserted_fields(model)
+    sql = _copying(model, connection.alias)
+    started = time.monotonic()
+    with (
+        connection.cursor() as cursor,
+        connection.wrap_database_errors,  # psycopg's errors raised as Django's
+        cursor.cursor.copy(sql) as copy,
+    ):
+        for row in rows:
+            copy.write_row(_inserted_values(connection, fields, row))
+    if connection.queries_logged:  # as Django's debug cursor logs a statement it runs
+        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+
+
+def _inserted_values(connection: Any, fields: tuple[Field[Any, Any], ...], row: Model) -> list[Any]:
+    return [field.get_db_prep_save(field.pre_save(row, True), connection) for field in fields]
 
 
 @cache
@@ -227,15 +254,23 @@ def _inserted_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
 
 
 @cache
-def _insertion(model: type[Model], alias: str, count: int, ignore_conflicts: bool) -> str:
+def _insertion(model: type[Model], alias: str, count: int) -> str:
     """The INSERT of `count` rows."""
-    quote = connections[alias].ops.quote_name
-    fields = _inserted_fields(model)
-    columns = ", ".join(quote(field.column) for field in fields)
-    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    table = connections[alias].ops.quote_name(model._meta.db_table)
+    row = "(" + ", ".join(["%s"] * len(_inserted_fields(model))) + ")"
     values = ", ".join([row] * count)
-    skip = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
-    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {values}{skip}"
+    return f"INSERT INTO {table} ({_inserted_columns(model, alias)}) VALUES {values}"
+
+
+@cache
+def _copying(model: type[Model], alias: str) -> str:
+    table = connections[alias].ops.quote_name(model._meta.db_table)
+    return f"COPY {table} ({_inserted_columns(model, alias)}) FROM STDIN"
+
+
+def _inserted_columns(model: type[Model], alias: str) -> str:
+    quote = connections[alias].ops.quote_name
+    return ", ".join(quote(field.column) for field in _inserted_fields(model))
 
 
 @cache

@@ -162,8 +162,9 @@ def test_without_returning_the_count_is_read_by_the_second_statement(
 
 
 def test_inserted_rows_read_back_as_bulk_create_writes_them(tmp_path) -> None:
-    """More rows than one statement takes on SQLite (66 of these), with JSON, text the SQL
-    must not misread and the defaults filled in."""
+    """More rows than one statement takes on SQLite (66 of these), and than PostgreSQL's
+    INSERT is used for (COPY), with JSON, text that neither may misread and the defaults
+    filled in."""
     run = planned(tmp_path)
     first, second = run.executions.order_by("id")[:2]
 
@@ -176,8 +177,9 @@ def test_inserted_rows_read_back_as_bulk_create_writes_them(tmp_path) -> None:
                 check_type="contains",
                 score=index / 150,
                 passed=index % 2 == 0,
-                message=f'it\'s %s {index}; "quoted" é',
-                details={"expected": ["a", None, 1.5], "index": index},
+                # What COPY's text format must escape: tab, newline, backslash, its NULL.
+                message=f'it\'s %s {index}; "quoted" é\t\\N\nback\\slash',
+                details={"expected": ["a", None, 1.5, "tab\there"], "index": index},
                 dimensions=["x"] if index % 3 else [],
             )
             for index in range(150)
@@ -197,30 +199,61 @@ def test_inserted_rows_read_back_as_bulk_create_writes_them(tmp_path) -> None:
     statements.insert(CheckResult, [])  # nothing to insert: no statement, no error
 
 
-def test_ignore_conflicts_skips_the_rows_a_unique_constraint_refuses_and_keeps_the_rest(
-    tmp_path,
+@pytest.mark.parametrize("count", [1, 40], ids=["one-row", "many-rows"])
+def test_a_row_a_unique_constraint_refuses_fails_the_whole_insert_as_the_orm_s_error(
+    tmp_path, count: int
 ) -> None:
-    """As bulk_create(ignore_conflicts=True): what run_plan relies on to create a run's
-    executions once, whatever the number of calls."""
+    """By INSERT or by COPY: Django's IntegrityError, and none of the rows inserted."""
     from django.db import IntegrityError, transaction
 
     run = planned(tmp_path)
-    existing = list(run.executions.order_by("id"))
+    existing = run.executions.order_by("id").first()
 
-    def copy(execution: Execution, key: str) -> Execution:
+    def execution(key: str) -> Execution:
         return Execution(
-            run=run, project_id=run.project_id, key=key, scenario=execution.scenario,
-            prompt=execution.prompt, plan={"again": True},
+            run=run, project_id=run.project_id, key=key, scenario=existing.scenario,
+            prompt=existing.prompt, plan={"again": True},
         )  # fmt: skip
 
-    again = [copy(existing[0], existing[0].key), copy(existing[1], "new-key")]
+    rows = [execution(f"new-{index}") for index in range(count - 1)] + [execution(existing.key)]
     with pytest.raises(IntegrityError), transaction.atomic():
-        statements.insert(Execution, again)
-    statements.insert(Execution, again, ignore_conflicts=True)
-    keys = sorted(run.executions.values_list("key", flat=True))
-    assert keys == sorted([existing[0].key, existing[1].key, "new-key"])
-    kept = run.executions.get(key=existing[0].key)
-    assert kept.plan != {"again": True}  # the first row stays as it was
+        statements.insert(Execution, rows)
+    assert run.executions.count() == 2
+    assert run.executions.get(key=existing.key).plan != {"again": True}
+
+
+def test_many_rows_go_in_by_copy_on_postgresql_and_are_logged_as_one_statement(
+    tmp_path,
+) -> None:
+    """psycopg parses an INSERT's text at every call once it has more than 50 parameters;
+    COPY has none to parse. A few rows stay one INSERT; SQLite takes INSERTs only."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run = planned(tmp_path)
+    execution = run.executions.order_by("id").first()
+
+    def results(count: int, prefix: str) -> list[CheckResult]:
+        return [
+            CheckResult(
+                execution=execution,
+                run=run,
+                invariant_id=f"{prefix}{index}",
+                check_type="contains",
+                score=1.0,
+                passed=True,
+            )
+            for index in range(count)
+        ]
+
+    fields = len(statements._inserted_fields(CheckResult))
+    few = statements.PARSED_EVERY_TIME_ABOVE // fields
+    with CaptureQueriesContext(connection) as queries:
+        statements.insert(CheckResult, results(few, "few"))
+        statements.insert(CheckResult, results(few + 1, "more"))
+    verbs = [query["sql"].split()[0] for query in queries.captured_queries]
+    assert verbs == (["INSERT", "COPY"] if connection.vendor == "postgresql" else ["INSERT"] * 2)
+    assert execution.check_results.count() == 2 * few + 1
 
 
 def test_a_row_reads_every_field_as_the_orm_loads_it(tmp_path) -> None:
