@@ -457,7 +457,10 @@ class _Outcomes:
                     )
                 if exitcode is None:
                     running.append(child.sentinel)
-            wait([self._reader, *running])
+            # Not for good: the kernel may hand a Ctrl-C sent to this process to any of its
+            # threads, and a signal another thread takes does not interrupt this wait; Python
+            # raises the KeyboardInterrupt only once the main thread runs again.
+            wait([self._reader, *running], timeout=0.5)
 
 
 PROGRESS_FIELDS = (

@@ -261,8 +261,10 @@ def test_ctrl_c_cancels_the_run_without_waiting_for_the_running_agents(
 # `planned`, once the run is planned, before anything is forked (multiprocessing.get_context
 # wrapped to send it), or `threads`, just after it has started the thread that runs its
 # executions (Thread.start wrapped). A user's Ctrl-C hits there when it comes as a run begins.
+# `other thread`: once both agents run, to a thread other than the main one, where the kernel
+# may deliver a signal sent to the process (a thread started for it signals itself).
 INTERRUPT_AT = """
-import multiprocessing, os, signal, sys, threading
+import multiprocessing, os, signal, sys, threading, time
 
 moment, parent = sys.argv.pop(1), os.getpid()
 get_context, start = multiprocessing.get_context, threading.Thread.start
@@ -279,11 +281,19 @@ def get_context_then_interrupt(*args):
     return context
 
 
+def interrupt_another_thread():
+    time.sleep(3)  # both agents started (their 120 s sleep), the main thread waiting
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+
 def start_then_interrupt(thread):
     start(thread)
-    if moment == "threads" and os.getpid() == parent:
+    if moment in ("threads", "other thread") and os.getpid() == parent:
         if thread._target.__name__ == "execute_until_done":
-            interrupt()
+            if moment == "threads":
+                interrupt()
+            else:
+                start(threading.Thread(target=interrupt_another_thread, daemon=True))
 
 
 multiprocessing.get_context = get_context_then_interrupt
@@ -295,12 +305,13 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.embedded
-@pytest.mark.parametrize("moment", ["planned", "threads"])
+@pytest.mark.parametrize("moment", ["planned", "threads", "other thread"])
 def test_ctrl_c_as_the_run_begins_cancels_it_too(tmp_path: Path, moment: str) -> None:
     """The interrupt came before the code that cancels the run: the command said
     "interrupted", then waited at exit for its thread's agent (120 s) or left nothing
     running at all, and in both cases left the run unfinished for good, with executions no
-    one would run."""
+    one would run. Taken by another thread, it went unseen while the main thread waited for
+    the agents (120 s; CI failed once on test_ctrl_c_cancels_the_run_without_waiting_...)."""
     home = tmp_path / "home"
     spec = tmp_path / "slow.yaml"
     spec.write_text(SLOW_AGENT)
