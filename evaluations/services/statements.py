@@ -13,7 +13,7 @@ stays with the ORM.
 
 from __future__ import annotations
 
-import time
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -217,7 +217,7 @@ def insert(model: type[Model], rows: Sequence[Model]) -> None:
     connection = connections[router.db_for_write(model)]
     fields = _inserted_fields(model)
     if connection.vendor == "postgresql" and len(rows) * len(fields) > PARSED_EVERY_TIME_ABOVE:
-        _copy(connection, model, rows)
+        _copy(connection, model, fields, rows)
         return
     size = max(1, connection.ops.bulk_batch_size(list(fields), list(rows)))
     for start in range(0, len(rows), size):
@@ -229,19 +229,19 @@ def insert(model: type[Model], rows: Sequence[Model]) -> None:
             )
 
 
-def _copy(connection: Any, model: type[Model], rows: Sequence[Model]) -> None:
-    fields = _inserted_fields(model)
+def _copy(
+    connection: Any, model: type[Model], fields: tuple[Field[Any, Any], ...], rows: Sequence[Model]
+) -> None:
     sql = _copying(model, connection.alias)
-    started = time.monotonic()
     with (
         connection.cursor() as cursor,
+        # Timed and logged as Django's debug cursor does every statement it runs.
+        cursor.debug_sql(sql) if connection.queries_logged else contextlib.nullcontext(),
         connection.wrap_database_errors,  # psycopg's errors raised as Django's
         cursor.cursor.copy(sql) as copy,
     ):
         for row in rows:
             copy.write_row(_inserted_values(connection, fields, row))
-    if connection.queries_logged:  # as Django's debug cursor logs a statement it runs
-        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
 
 
 def _inserted_values(connection: Any, fields: tuple[Field[Any, Any], ...], row: Model) -> list[Any]:
