@@ -16,6 +16,7 @@ benchmark with a message instead of vanishing from it.
 
     .venv/bin/python bench/bench_pages.py [--requests 40] [--reseed] [--only review]
         [--database-url postgresql://postgres@127.0.0.1:5432/keystone_bench]
+    .venv/bin/python bench/bench_pages.py --explain 3    # the slowest statements, with plans
 
 Target: every page at most 50 ms at the 95th percentile. Exit codes: 0 met, 1 missed (the
 figures are printed), 2 a page answered with an error.
@@ -501,6 +502,70 @@ def measure(requests: int, only: str = "") -> int:
     return 0 if worst <= TARGET_MS else 1
 
 
+def explain_slowest(count: int, only: str = "", requests: int = 5) -> int:
+    """The `count` slowest statements over every page (each page requested `requests` times
+    after a warm-up; a statement's time is its best over them, taken where Django runs it),
+    each with its page, its time in the page, and the best of 5 `EXPLAIN (ANALYZE, COSTS
+    OFF)` runs of the same statement with the same parameters: what docs/performance.md
+    shows of the pages' queries."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+
+    client = Client()
+    client.force_login(get_user_model().objects.get(username=ADMIN))
+    best: dict[tuple[str, str], tuple[float, Any]] = {}  # (page, sql) -> (ms, params)
+
+    def timed(page: str) -> Any:
+        def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                elapsed = (time.perf_counter() - started) * 1000
+                key = (page, sql)
+                if not many and (key not in best or elapsed < best[key][0]):
+                    best[key] = (elapsed, params)
+
+        return wrapper
+
+    pages = {name: url for name, url in bench_pages(client).items() if only in name}
+    for name, url in pages.items():
+        client.get(url)
+        with connection.execute_wrapper(timed(name)):
+            for _ in range(requests):
+                if client.get(url).status_code != 200:
+                    print(f"{name}: HTTP error for {url}")
+                    return 2
+    slowest = sorted(best.items(), key=lambda item: -item[1][0])
+    shown: set[str] = set()
+    for (page, sql), (ms, params) in slowest:
+        if sql in shown:
+            continue  # the same statement on another page: shown once, at its slowest
+        shown.add(sql)
+        with connection.cursor() as cursor:
+            plans = []
+            for _ in range(5):
+                cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql, params)
+                plans.append([row[0] for row in cursor.fetchall()])
+        plan = min(plans, key=_execution_ms)
+        print(
+            f"\n{len(shown)}. {page}: {ms:.2f} ms in the page, "
+            f"{_execution_ms(plan):.2f} ms in the server\n{sql}\n"
+        )
+        print("\n".join(plan))
+        if len(shown) == count:
+            break
+    return 0
+
+
+def _execution_ms(plan: list[str]) -> float:
+    found = re.search(r"Execution Time: ([\d.]+) ms", plan[-1])
+    if found is None:
+        raise ValueError(f"no execution time in the plan's last line: {plan[-1]!r}")
+    return float(found.group(1))
+
+
 def main() -> int:
     global RUNS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -512,6 +577,13 @@ def main() -> int:
     parser.add_argument("--only", default="", help="measure the pages whose name has this")
     parser.add_argument("--seed-only", action="store_true", help="seed, do not measure")
     parser.add_argument(
+        "--explain",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of timing the pages: the N slowest statements over them, with plans",
+    )
+    parser.add_argument(
         "--runs",
         type=int,
         default=RUNS,
@@ -522,7 +594,11 @@ def main() -> int:
     setup_django(args.database_url, fresh=args.reseed)
     seed()
     vacuum()
-    return 0 if args.seed_only else measure(args.requests, args.only)
+    if args.seed_only:
+        return 0
+    if args.explain:
+        return explain_slowest(args.explain, args.only)
+    return measure(args.requests, args.only)
 
 
 if __name__ == "__main__":

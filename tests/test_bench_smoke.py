@@ -67,3 +67,35 @@ def test_measuring_some_rows_again_keeps_the_written_sections_once(monkeypatch: 
     assert "| b | 2 | 6 / 6 / 6 ms | y |" in result and "7 / 7 / 7" not in result
     assert result.index("measured by `python run_all --only b`") < result.index("## Written")
     assert "A paragraph about the table,\nwritten on two lines.\n\n" in result  # as it was
+
+
+def test_the_pages_benchmark_shows_its_slowest_statements_with_their_plans() -> None:
+    """`bench_pages.py --explain N`: the N slowest statements over every page, slowest
+    first, each with its page and PostgreSQL's plan of it as run (what docs/performance.md
+    shows of the pages' queries)."""
+    import re
+
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
+    }
+    done = subprocess.run(
+        [sys.executable, "bench/bench_pages.py", "--explain", "2", "--runs", "60", "--reseed",
+         "--database-url", "postgresql://postgres@127.0.0.1:5432/keystone_bench_pages_explain"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    headings = re.findall(
+        r"^(\d)\. ([^:]+): ([\d.]+) ms in the page, ([\d.]+) ms in the server$",
+        done.stdout,
+        re.MULTILINE,
+    )
+    assert [number for number, *_ in headings] == ["1", "2"], done.stdout[-3000:]
+    in_page = [float(ms) for _, _, ms, _ in headings]
+    assert in_page == sorted(in_page, reverse=True)  # slowest first
+    sections = re.split(r"^\d\. ", done.stdout, flags=re.MULTILINE)[1:]
+    for (_, _, _, server_ms), section in zip(headings, sections, strict=True):
+        assert "\nSELECT " in section  # the statement itself
+        assert re.search(r"\(actual time=[\d.]+\.\.[\d.]+ rows=\d+ loops=\d+\)", section)
+        executed = re.search(r"^Execution Time: ([\d.]+) ms$", section, re.MULTILINE)
+        assert executed is not None, section
+        assert f"{float(executed.group(1)):.2f}" == server_ms  # the plan the figure is from
