@@ -6,11 +6,11 @@
 Each benchmark runs as its own process, `--repeat` times (a whole-process command that takes
 under a second, QUICK_SAMPLES times as often); its figure is read from what it prints, and
 the table gives min / median / max with the target, the command, the machine and the date.
-Whole-process timings (`keystone --help`, `validate`, a one-execution `run`,
-1,000 executions on the embedded default) are the wall time of the command itself.
-The smoke run checks that every benchmark still runs (CI), not that it is fast: its figures
-are printed, not written to the docs. Needs PostgreSQL on 127.0.0.1:5432 and a redis-server
-binary for the Celery benchmark (it starts its own), as the tests do.
+Whole-process timings (`keystone --help`, `validate`, a one-execution `run`, 1,000
+executions on the embedded default) are the wall time of the command itself. The smoke run
+checks that every benchmark still runs (CI), not that it is fast: its figures are printed,
+not written to the docs. Needs PostgreSQL on 127.0.0.1:5432 and a redis-server binary for
+the Celery benchmark (it starts its own), as the tests do.
 """
 
 from __future__ import annotations
@@ -380,8 +380,8 @@ def render(rows: list[tuple[str, str, str, str]], repeat: int, *, smoke: bool) -
         f"{datetime.date.today():%Y-%m-%d}, {machine}; min / median / max over {repeat} "
         f"run(s) of each benchmark ({repeat * (1 if smoke else QUICK_SAMPLES)} of each "
         "whole-process command that takes under a second). Commands run from the repository "
-        "root; `python` is the "
-        "virtualenv's. Each script's docstring says what it measures and how.",
+        "root; `python` is the virtualenv's. Each script's docstring says what it measures "
+        "and how.",
         "",
         "| figure | target | measured (min / median / max) | command |",
         "|---|---|---|---|",
