@@ -466,17 +466,23 @@ def bench_pages(client: Any) -> dict[str, str]:
     }
 
 
-def measure(requests: int, only: str = "") -> int:
+def signed_in_pages(only: str) -> tuple[Any, dict[str, str]]:
+    """A test client signed in as the bench admin, in a process loaded as the web server's
+    is when it serves (keystone_web/wsgi.py), and the pages whose name has `only`."""
     from django.contrib.auth import get_user_model
     from django.test import Client
 
     from keystone_web.serving import app_loaded
 
-    app_loaded()  # as the web server's process is when it serves (keystone_web/wsgi.py)
+    app_loaded()
     client = Client()
     # An admin sees every page and every control on it (the most work a page does).
     client.force_login(get_user_model().objects.get(username=ADMIN))
-    pages = {name: url for name, url in bench_pages(client).items() if only in name}
+    return client, {name: url for name, url in bench_pages(client).items() if only in name}
+
+
+def measure(requests: int, only: str = "") -> int:
+    client, pages = signed_in_pages(only)
     print(f"\n{'page':32} {'median ms':>10} {'p95 ms':>8} {'cpu ms':>8}  (n={requests})")
     worst = 0.0
     for name, url in pages.items():
@@ -508,12 +514,9 @@ def explain_slowest(count: int, only: str = "", requests: int = 5) -> int:
     each with its page, its time in the page, and the best of 5 `EXPLAIN (ANALYZE, COSTS
     OFF)` runs of the same statement with the same parameters: what docs/performance.md
     shows of the pages' queries."""
-    from django.contrib.auth import get_user_model
     from django.db import connection
-    from django.test import Client
 
-    client = Client()
-    client.force_login(get_user_model().objects.get(username=ADMIN))
+    client, pages = signed_in_pages(only)
     best: dict[tuple[str, str], tuple[float, Any]] = {}  # (page, sql) -> (ms, params)
 
     def timed(page: str) -> Any:
@@ -529,7 +532,6 @@ def explain_slowest(count: int, only: str = "", requests: int = 5) -> int:
 
         return wrapper
 
-    pages = {name: url for name, url in bench_pages(client).items() if only in name}
     for name, url in pages.items():
         client.get(url)
         with connection.execute_wrapper(timed(name)):
