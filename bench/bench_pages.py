@@ -166,7 +166,7 @@ def _synthetic_summary(spec: Any, rng: random.Random) -> dict[str, Any]:
                 results=results,
             )
         )
-    return score_run(spec, records).to_dict()
+    return score_run(spec, records).to_dict(per_execution=False)
 
 
 def _cells() -> list[tuple[str, int, int]]:

@@ -302,7 +302,11 @@ class RunSummary:
             "p95_duration_ms": self.metrics.p95_duration_ms,
         }[name]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, per_execution: bool = True) -> dict[str, Any]:
+        """The summary as JSON data. `per_execution=False` leaves out the one part that grows
+        with the replicas, each execution's score: what a run stores, whose executions keep
+        their own rows (a report file keeps the list: it has nothing else)."""
+        scores = [e.to_dict() for e in self.executions] if per_execution else None
         return {
             "spec_id": self.spec_id,
             "verdict": self.verdict,
@@ -315,7 +319,7 @@ class RunSummary:
             "metrics": self.metrics.to_dict(),
             "groups": [g.to_dict() for g in self.groups],
             "matrix": [c.to_dict() for c in self.matrix],
-            "executions": [e.to_dict() for e in self.executions],
+            **({"executions": scores} if scores is not None else {}),
             "warnings": list(self.warnings),
             # The first executions that did not pass and why, for pages that do not read
             # the per-execution list (it grows with the run).

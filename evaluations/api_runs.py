@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from django.db.models.fields.json import KeyTextTransform
 from django.http import FileResponse, Http404, HttpRequest, StreamingHttpResponse
 from ninja import Field, Query, Schema, Status
 
@@ -37,6 +38,7 @@ from evaluations.models import (
     Role,
     Run,
     Trigger,
+    run_large_fields,
 )
 from evaluations.numbers import whole_number
 
@@ -350,13 +352,18 @@ def run_events_stream(
             )
             quiet_since = time.monotonic()
         if run.status in RUN_TERMINAL_STATUSES:
-            final = Run.objects.get(pk=run_id)
+            # The verdict alone of the summary (a JSON path), not the large columns.
+            final = (
+                Run.objects.defer(*run_large_fields())
+                .annotate(verdict=KeyTextTransform("verdict", "summary"))
+                .get(pk=run_id)
+            )
             yield _sse(
                 "run",
                 {
                     "id": final.pk,
                     "status": final.status,
-                    "verdict": (final.summary or {}).get("verdict"),
+                    "verdict": final.verdict,
                     "exit_code": final.exit_code,
                     "gate_passed": final.gate_passed,
                     "composite": final.composite,

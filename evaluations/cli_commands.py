@@ -565,7 +565,7 @@ def _report(run_id: int, args: argparse.Namespace) -> int:
     from evaluations.terminal import use_color
 
     # Scored again from the stored results, whose records the reports need: not the stored
-    # summary, a large JSON field (~0.5 kB an execution) this would only decode.
+    # summary, a large JSON field (~0.5 kB per scenario x prompt) this would only decode.
     run = Run.objects.select_related("spec_version").defer(*run_large_fields()).get(pk=run_id)
     summary = score_run(engine_spec(run), run_records(run))
     for warning in run.warnings:

@@ -449,10 +449,10 @@ class Run(models.Model):
 
 
 def run_large_fields(via: str = "") -> tuple[str, ...]:
-    """A run's columns that grow with its executions and its matrix (the summary alone is
-    ~0.5 kB of JSON an execution), to leave out wherever a run is read for its light
-    columns: `.defer(*run_large_fields())`, or `run_large_fields("run__")` through a
-    relation. A deferred column read anyway is fetched then, in a query of its own."""
+    """A run's columns that grow with its scenarios, prompts and invariants (the summary
+    alone is ~0.5 kB of JSON per scenario x prompt), to leave out wherever a run is read for
+    its light columns: `.defer(*run_large_fields())`, or `run_large_fields("run__")` through
+    a relation. A deferred column read anyway is fetched then, in a query of its own."""
     return tuple(f"{via}{name}" for name in ("summary", "verdicts", "failing_keys"))
 
 

@@ -210,7 +210,7 @@ def project_alert_rules(project_id: int) -> list[AlertRule]:
 
 def project_alert_firings(project_id: int, limit: int = 50) -> list[AlertFiring]:
     """The newest firings, with the names of their rule and channel and their run's spec:
-    only those of the joined rows (a run's summary alone is ~0.5 kB an execution, and the
+    only those of the joined rows (a run's summary alone is ~0.5 kB per scenario x prompt, and the
     channel's secret has no business here)."""
     return list(
         AlertFiring.objects.filter(project_id=project_id)

@@ -289,7 +289,7 @@ class ReviewItemView:
 def review_item_in_project(project: Project, item_id: int) -> ReviewItem | None:
     """A review item with what its page and the API show of it: its spec, execution, result,
     who claimed and adjudicated it, and its run's spec version. Not the run's summary,
-    verdicts or keys (the summary alone ~0.5 kB of JSON an execution, decompressed and
+    verdicts or keys (the summary alone ~0.5 kB of JSON per scenario x prompt, decompressed and
     decoded), nor the spec version's text. The two people come in a query of their own
     (none when nobody claimed it): joined in, their two outer joins made PostgreSQL's
     planner weigh eight tables' orders, 7 ms of planning for a 0.3 ms query."""

@@ -25,12 +25,11 @@ from evaluations.models import (
 from evaluations.selectors.bounds import RUN_ROW_FIELDS, SPEC_LIST_MAX
 
 # The run list pages by keyset on (created, id), never OFFSET; the run page reads only the
-# parts of the summary JSON it shows (not the per-execution list, which grows with the run);
-# a cell page reads its own rows by index.
+# parts of the summary JSON it shows; a cell page reads its own rows by index.
 
 RUN_PAGE_SIZE = 50
 RUN_CELL_PAGE_SIZE = 100
-# Everything in RunSummary.to_dict() but "executions".
+# Everything in RunSummary.to_dict(per_execution=False), which is what a run stores.
 RUN_SUMMARY_PARTS = (
     "verdict",
     "exit_code",

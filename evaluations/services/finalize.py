@@ -50,7 +50,10 @@ def run_finalize(*, run_id: int) -> Run:
     # would otherwise peak on top of them.
     summary.records = []
     composites = [e.composite for e in summary.executions]
-    run.summary = summary.to_dict()
+    # Without each execution's score: those are the executions' own rows (and a report or
+    # an export scores them again). The list was 95 % of a 1,000-execution run's summary,
+    # read whole wherever the run was (a baseline's promotion, a rerun of failed groups).
+    run.summary = summary.to_dict(per_execution=False)
     run.invariant_counts = summary_invariant_counts(run.summary)
     run.failing_keys = summary_failing_keys(run.summary)
     run.verdicts = compared_verdicts(run.summary)

@@ -302,7 +302,7 @@ def test_a_disabled_rule_or_a_passing_condition_creates_nothing(project: Project
 
 
 def test_evaluating_a_run_reads_none_of_its_large_columns(project: Project) -> None:
-    """A rule reads the run's stored figures: its summary (~0.5 kB of JSON an execution),
+    """A rule reads the run's stored figures: its summary (~0.5 kB of JSON per scenario x prompt),
     verdicts and keys are not read, whatever the run's size."""
     services.alert_rule_create(
         project=project, name="low", condition="pass_rate < 0.9", channel_ids=[_channel(project).pk]

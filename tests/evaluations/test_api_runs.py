@@ -8,14 +8,16 @@ rows)."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from evaluations import services
 from evaluations.models import (
@@ -216,6 +218,29 @@ def test_progress_events_end_with_timeout_when_the_run_does_not(
     assert [kind for kind, _ in events] == ["timeout"]
     assert events[0][1]["status"] == RunStatus.QUEUED
     assert time.monotonic() - started < 10
+
+
+def test_progress_events_of_a_finished_run_read_none_of_its_large_columns(
+    project: Project, bearer: Any, tmp_path: Path
+) -> None:
+    """The closing `run` event needs the summary's verdict alone: read as a JSON path, not
+    the summary, verdicts and keys whole, which grow with the run's groups and cells."""
+    run = run_spec(project, SPEC, spec_dir=tmp_path)
+    with CaptureQueriesContext(connection) as queries:
+        response = Client().get(
+            f"/api/projects/demo/runs/{run.pk}/events", {"interval": 0.1}, **bearer("viewer")
+        )
+        events = _events(b"".join(response.streaming_content))
+    assert (
+        events[-1] == ("run", events[-1][1]) and events[-1][1]["verdict"] == run.summary["verdict"]
+    )
+    # A column read whole is listed between commas in a SELECT; a JSON path of it is inside
+    # a function or an operator's parentheses.
+    whole = re.compile(
+        r'(?:(?<=SELECT )|(?<=, ))"evaluations_run"\."(summary|verdicts|failing_keys)"(?=,| FROM)'
+    )
+    read = [match for q in queries.captured_queries for match in whole.findall(q["sql"])]
+    assert read == []
 
 
 # --- Specs -----------------------------------------------------------------------------------

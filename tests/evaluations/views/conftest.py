@@ -160,7 +160,7 @@ def scored_summary(
                 results=results,
             )
         )
-    return score_run(spec, records).to_dict()
+    return score_run(spec, records).to_dict(per_execution=False)
 
 
 @pytest.fixture
@@ -194,8 +194,8 @@ def make_run(db: None) -> Callable[..., Run]:
                 cost_usd=summary["metrics"]["total_cost_usd"],
                 p95_duration_ms=summary["metrics"]["p95_duration_ms"],
                 judge_mean=0.8,
-                execution_count=len(summary["executions"]),
-                executions_done=len(summary["executions"]),
+                execution_count=summary["metrics"]["executions"],
+                executions_done=summary["metrics"]["executions"],
             )
         values.update(columns)
         return Run.objects.create(**values)

@@ -1,0 +1,53 @@
+"""Migration 0021 takes each execution's score out of the summaries of runs finished before
+(run_finalize no longer stores them), on the test run's backend, PostgreSQL or SQLite."""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import pytest
+from django.apps import apps
+from django.db import connection
+
+from evaluations import services
+from evaluations.models import Run
+from tests.evaluations.execution_helpers import new_run
+
+pytestmark = pytest.mark.django_db
+
+MIGRATION = importlib.import_module("evaluations.migrations.0021_run_summary_without_executions")
+
+SPEC = """\
+version: 1
+id: migrated
+task: {prompt: "hi"}
+agent: {type: command, command: "echo hi"}
+sandbox: {backend: local}
+invariants:
+  says_hi: {description: "It says hi", check: {type: contains, value: hi}}
+"""
+
+
+def test_the_migration_strips_the_per_execution_list_and_keeps_everything_else() -> None:
+    project = services.project_default()
+    old, new = new_run(project, SPEC), new_run(project, SPEC)
+    kept = {
+        "verdict": "fail",
+        "groups": [{"key": "no-chaos/0", "passed": False}],
+        "matrix": [{"invariant_id": "says_hi", "scenario": "no-chaos", "passed": 0}],
+        "why_failed": [{"status": "fail", "where": "no-chaos / prompt 1", "reason": "r"}],
+    }
+    executions = [{"execution_id": "1", "composite": 0.0, "passed": False}]
+    Run.objects.filter(pk=old.pk).update(summary={**kept, "executions": executions})
+    Run.objects.filter(pk=new.pk).update(summary=kept)
+
+    # The migration's own function, given what RunPython gives it (a schema editor's
+    # connection); not a schema editor itself, which SQLite refuses inside the test's
+    # transaction.
+    MIGRATION.strip_executions(apps, SimpleNamespace(connection=connection))
+
+    old.refresh_from_db()
+    new.refresh_from_db()
+    assert old.summary == kept
+    assert new.summary == kept
