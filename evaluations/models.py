@@ -381,7 +381,8 @@ class Run(models.Model):
     judge_mean = models.FloatField(null=True, blank=True)
     # invariant id -> [results passed, results total] over the whole run (its summary
     # matrix's cells summed over scenarios), written by run_finalize: the trends page reads
-    # these few hundred bytes for each of its 100 runs instead of each ~58 kB summary.
+    # these few hundred bytes for each of its 100 runs instead of each summary's ~26 kB of
+    # groups and matrix.
     invariant_counts = models.JSONField(default=dict, blank=True)
     # The keys of the summary's groups and invariant x scenario cells that did not pass,
     # {"groups": [...], "cells": [...]} (selectors.regressions.summary_failing_keys), written
