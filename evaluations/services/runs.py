@@ -349,25 +349,48 @@ def run_rerun_failed(
     )
 
 
+# The distinct warnings a run keeps. Most repeat one cause (every execution meets the same
+# sandbox), but some carry an execution's own details (its id, a provider's "try again in
+# 1.02s"): one each would grow the run's row, its page and every write of the list with the
+# run. The next one after these is said once, as RUN_WARNINGS_MORE; each execution keeps
+# its own error.
+RUN_WARNINGS_KEPT = 20
+RUN_WARNINGS_MORE = (
+    f"more than {RUN_WARNINGS_KEPT} different warnings: the later ones are not kept here "
+    "(each execution keeps its own error)"
+)
+
+
+def _warning_to_add(warnings: list[str], warning: str) -> str | None:
+    """What adding `warning` to a run's `warnings` appends: the warning, RUN_WARNINGS_MORE in
+    its place once the list holds RUN_WARNINGS_KEPT, or nothing (None) when the list has it
+    already or says it is full."""
+    if not warning or warning in warnings or RUN_WARNINGS_MORE in warnings:
+        return None
+    return warning if len(warnings) < RUN_WARNINGS_KEPT else RUN_WARNINGS_MORE
+
+
 def run_warning_note(run: Run, warning: str) -> None:
-    """Add `warning` to the run unless this copy of it carries it already; the copy learns
-    it too. An execution's warnings are usually its run's (every execution meets the same
-    sandbox): whoever runs many executions of one run with one copy of it adds each once."""
-    if warning and warning not in run.warnings:
+    """Add `warning` to the run unless this copy of it carries it already (or is full); the
+    copy learns it too. An execution's warnings are usually its run's (every execution
+    meets the same sandbox): whoever runs many executions of one run with one copy of it
+    adds each once."""
+    added = _warning_to_add(run.warnings, warning)
+    if added is not None:
         run_warning_add(run_id=run.pk, warning=warning)
-        run.warnings = [*run.warnings, warning]
+        run.warnings = [*run.warnings, added]
 
 
 def run_warning_add(*, run_id: int, warning: str) -> None:
     # Most calls repeat a warning the run has (every execution of it meets the same sandbox):
     # a plain read first spares them a write transaction, which SQLite serialises.
-    if warning in Run.objects.values_list("warnings", flat=True).get(pk=run_id):
-        return
-    with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run_id)
-        if warning not in run.warnings:
-            run.warnings = [*run.warnings, warning]
-            run.save(update_fields=["warnings"])
+    if _warning_to_add(Run.objects.values_list("warnings", flat=True).get(pk=run_id), warning):
+        with transaction.atomic():
+            run = Run.objects.select_for_update().only("warnings").get(pk=run_id)
+            added = _warning_to_add(run.warnings, warning)
+            if added is not None:
+                run.warnings = [*run.warnings, added]
+                run.save(update_fields=["warnings"])
 
 
 def _files_dir(run: Run) -> str | None:

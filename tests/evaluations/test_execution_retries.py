@@ -76,6 +76,46 @@ def test_an_execution_that_cannot_start_ends_as_error_after_the_last_attempt(
     assert any("could not start after 3 attempts" in w for w in run.warnings)
 
 
+def test_a_run_keeps_a_bounded_number_of_warnings_whatever_its_size(
+    project: Project, no_postgres_server: None, settings: Any
+) -> None:
+    """Each execution that cannot start warns the run with its own id: 25 of them leave the
+    run its first RUN_WARNINGS_KEPT and a line saying more were not kept, while every
+    execution keeps its own error."""
+    from evaluations.services.runs import RUN_WARNINGS_KEPT, RUN_WARNINGS_MORE
+
+    settings.KEYSTONE_EXECUTION_MAX_ATTEMPTS = 1
+    run = _start(project, NEEDS_POSTGRES + "replicas: 25\n")
+    while work_once("test-worker:1") is not None:
+        pass
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    errors = list(Execution.objects.filter(run=run).values_list("status", "error"))
+    assert len(errors) == 25
+    assert all(status == ExecutionStatus.ERROR and "could not start" in e for status, e in errors)
+    started = [w for w in run.warnings if "could not start after 1 attempts" in w]
+    assert len(started) == RUN_WARNINGS_KEPT, run.warnings
+    assert RUN_WARNINGS_MORE in run.warnings
+    assert len(run.warnings) <= RUN_WARNINGS_KEPT + 2, run.warnings  # and the run's own
+
+
+def test_a_copy_of_a_full_run_adds_no_more_warnings_and_asks_the_database_nothing(
+    project: Project, django_assert_num_queries: Any
+) -> None:
+    """How an execution's recording warns its run (run_warning_note, one copy of the run
+    for many executions): the copy and the row fill up alike, and a full copy stops there."""
+    from evaluations.services.runs import RUN_WARNINGS_KEPT, RUN_WARNINGS_MORE, run_warning_note
+
+    run = _start(project, QUICK)
+    for index in range(RUN_WARNINGS_KEPT + 5):
+        run_warning_note(run, f"provider said: try again in {index}.0s")
+    stored = Run.objects.get(pk=run.pk).warnings
+    assert stored == run.warnings
+    assert stored[-1] == RUN_WARNINGS_MORE and len(stored) == RUN_WARNINGS_KEPT + 1
+    with django_assert_num_queries(0):
+        run_warning_note(run, "one more")
+
+
 def test_each_failed_attempt_is_counted_with_its_reason_and_waits(
     project: Project, no_postgres_server: None, settings: Any
 ) -> None:
