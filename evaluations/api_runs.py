@@ -332,7 +332,8 @@ def run_events_stream(
     while True:
         # The run's status first: every execution that ended before it did is told below.
         run = Run.objects.only("status", "execution_count").get(pk=run_id)
-        for execution in selectors.executions_finished(run_id, exclude=told):
+        ended = selectors.executions_finished(run_id, exclude=told)
+        for execution in ended:
             told.add(execution.pk)
             yield _sse(
                 "execution",
@@ -351,6 +352,8 @@ def run_events_stream(
                 execution.pk,
             )
             quiet_since = time.monotonic()
+        if len(ended) == selectors.EXECUTIONS_FINISHED_BATCH:
+            continue  # more may have ended already: told at once, and before the run's end
         if run.status in RUN_TERMINAL_STATUSES:
             # The verdict alone of the summary (a JSON path), not the large columns.
             final = (

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from evaluations.selectors.digest import digest_markdown
     from evaluations.selectors.executions import (
         EXECUTION_PAGE_SIZE,
+        EXECUTIONS_FINISHED_BATCH,
         ArtifactText,
         ExecutionPage,
         artifact_in_project,
@@ -134,6 +135,7 @@ _NAMES = {
     "digest": ("digest_markdown",),
     "executions": (
         "EXECUTION_PAGE_SIZE",
+        "EXECUTIONS_FINISHED_BATCH",
         "ArtifactText",
         "ExecutionPage",
         "artifact_in_project",
@@ -240,6 +242,7 @@ __all__ = [
     "BLIND_HIDDEN",
     "ArtifactText",
     "EXECUTION_PAGE_SIZE",
+    "EXECUTIONS_FINISHED_BATCH",
     "ExecutionPage",
     "OVERVIEW_TREND_RUNS",
     "RESULT_CSV_COLUMNS",

@@ -414,12 +414,24 @@ def execution_page(
     return ExecutionPage(executions=page[:size], next_after=next_after)
 
 
+# The most executions executions_finished returns at once: its second query lists their ids,
+# which for a large finished run were all of them in one statement, past SQLite's limit on
+# a statement's parameters (32,766 by default; 250,000 in Debian's build) and PostgreSQL's
+# with server-side binding (65,535), and all of the rows held at once.
+EXECUTIONS_FINISHED_BATCH = 500
+
+
 def executions_finished(run_id: int, *, exclude: set[int]) -> list[Execution]:
-    """The run's executions that have ended, but those in `exclude` (already told)."""
-    ids = Execution.objects.filter(run_id=run_id).exclude(
-        status__in=(ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
+    """The run's executions that have ended, but those in `exclude` (already told): the
+    first EXECUTIONS_FINISHED_BATCH of them in the order they ended. A full batch means the
+    caller may have more to ask for."""
+    ended = (
+        Execution.objects.filter(run_id=run_id)
+        .exclude(status__in=(ExecutionStatus.PENDING, ExecutionStatus.RUNNING))
+        .order_by("finished", "id")
+        .values_list("id", flat=True)
     )
-    new = [pk for pk in ids.values_list("id", flat=True) if pk not in exclude]
+    new = [pk for pk in ended if pk not in exclude][:EXECUTIONS_FINISHED_BATCH]
     if not new:
         return []
     return list(

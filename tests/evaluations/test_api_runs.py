@@ -11,6 +11,7 @@ import json
 import re
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,12 @@ import pytest
 from django.db import close_old_connections, connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from evaluations import services
+from evaluations import selectors, services
 from evaluations.models import (
     Execution,
+    ExecutionStatus,
     Membership,
     Project,
     Role,
@@ -241,6 +244,44 @@ def test_progress_events_of_a_finished_run_read_none_of_its_large_columns(
     )
     read = [match for q in queries.captured_queries for match in whole.findall(q["sql"])]
     assert read == []
+
+
+def test_progress_events_of_a_large_finished_run_tell_each_execution_in_bounded_statements(
+    project: Project, bearer: Any
+) -> None:
+    """A finished run of 1,200 executions, asked for its events: every execution is told once,
+    in the order they ended, before the run's own event; no statement lists more than a
+    batch of ids (a large run listed them all, past SQLite's limit on parameters)."""
+    batch = selectors.EXECUTIONS_FINISHED_BATCH
+    version = services.spec_version_create(
+        project=project, source_yaml=SPEC.replace("replicas: 2", "replicas: 600")
+    )
+    run = services.run_create(spec_version=version, enqueue=False)
+    services.run_plan(run_id=run.pk)
+    executions = list(Execution.objects.filter(run=run).order_by("-id"))
+    start = timezone.now()
+    for offset, execution in enumerate(executions):  # ended last to first
+        execution.status = ExecutionStatus.SUCCESS
+        execution.finished = start + timedelta(seconds=offset)
+    Execution.objects.bulk_update(executions, ["status", "finished"], batch_size=200)
+    ids = [execution.pk for execution in executions]
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.COMPLETED)
+    params: list[int] = []
+
+    def count(execute: Any, sql: str, values: Any, many: bool, context: Any) -> Any:
+        params.append(len(values or ()))
+        return execute(sql, values, many, context)
+
+    with connection.execute_wrapper(count):
+        response = Client().get(
+            f"/api/projects/demo/runs/{run.pk}/events", {"timeout": 60}, **bearer("viewer")
+        )
+        events = _events(b"".join(response.streaming_content))
+    told = [data["id"] for kind, data in events if kind == "execution"]
+    assert told == ids
+    assert [data["done"] for kind, data in events if kind == "execution"] == list(range(1, 1201))
+    assert [kind for kind, _ in events[-2:]] == ["execution", "run"]
+    assert len(ids) > 2 * batch and max(params) <= batch, max(params)
 
 
 # --- Specs -----------------------------------------------------------------------------------
