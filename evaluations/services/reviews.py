@@ -252,11 +252,14 @@ def review_items_select(*, run_id: int) -> list[ReviewItem]:
     if not new_items:
         return []
     ReviewItem.objects.bulk_create(new_items, ignore_conflicts=True)
-    return list(
-        ReviewItem.objects.filter(
-            run=run, check_result_id__in=[item.check_result_id for item in new_items]
-        ).order_by("id")
-    )
+    # Read back 500 results' items at a time: a policy that samples every judge result of a
+    # large run would otherwise list all their ids in one statement.
+    wanted = [item.check_result_id for item in new_items]
+    made: list[ReviewItem] = []
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start : start + 500]
+        made.extend(ReviewItem.objects.filter(run=run, check_result_id__in=chunk))
+    return sorted(made, key=lambda item: item.pk)
 
 
 def review_send(*, result_id: int, user: Any) -> ReviewItem:

@@ -138,6 +138,27 @@ def test_sample_is_deterministic_per_seed_and_close_to_the_rate(project: Project
     assert other != chosen
 
 
+def test_queueing_a_large_run_sends_no_statement_that_grows_with_it(project: Project) -> None:
+    """`all` on runs of 600 and 1,200 judged executions: every result gets its item, and the
+    statements that write and read the items back take as many parameters either way."""
+    params: list[int] = []
+
+    def count(execute: Any, sql: str, values: Any, many: bool, context: Any) -> Any:
+        params.append(len(values or ()))
+        return execute(sql, values, many, context)
+
+    largest = {}
+    for size in (600, 1200):
+        run = make_run(project, spec_id=f"review-{size}", review={"all": True})
+        judged = [add_judge(add_execution(run, i), score=0.9) for i in range(size)]
+        params.clear()
+        with connection.execute_wrapper(count):
+            items = services.review_items_select(run_id=run.pk)
+        assert [item.check_result_id for item in items] == [result.pk for result in judged]
+        largest[size] = max(params)
+    assert largest[600] == largest[1200], largest
+
+
 def test_borderline_queues_scores_within_the_margin_of_the_threshold(project: Project) -> None:
     run = make_run(project, review={"borderline_margin": 0.1})
     # threshold 0.7: 0.75 and 0.62 are within 0.1, 0.8 exactly at the margin; 0.95 and 0.3 not.
