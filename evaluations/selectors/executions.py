@@ -422,16 +422,16 @@ EXECUTIONS_FINISHED_BATCH = 500
 
 
 def executions_finished(run_id: int, *, exclude: set[int]) -> list[Execution]:
-    """The run's executions that have ended, but those in `exclude` (already told): the
-    first EXECUTIONS_FINISHED_BATCH of them in the order they ended. A full batch means the
-    caller may have more to ask for."""
+    """The run's executions that have ended, but those in `exclude` (already told), in the
+    order they ended: at most EXECUTIONS_FINISHED_BATCH of them, the lowest ids first (a full
+    batch means the caller may have more to ask for): ordering every ended execution by
+    when it ended, at each poll, would sort the whole run."""
     ended = (
         Execution.objects.filter(run_id=run_id)
         .exclude(status__in=(ExecutionStatus.PENDING, ExecutionStatus.RUNNING))
-        .order_by("finished", "id")
         .values_list("id", flat=True)
     )
-    new = [pk for pk in ended if pk not in exclude][:EXECUTIONS_FINISHED_BATCH]
+    new = sorted(pk for pk in ended if pk not in exclude)[:EXECUTIONS_FINISHED_BATCH]
     if not new:
         return []
     return list(

@@ -250,8 +250,9 @@ def test_progress_events_of_a_large_finished_run_tell_each_execution_in_bounded_
     project: Project, bearer: Any
 ) -> None:
     """A finished run of 1,200 executions, asked for its events: every execution is told once,
-    in the order they ended, before the run's own event; no statement lists more than a
-    batch of ids (a large run listed them all, past SQLite's limit on parameters)."""
+    a batch at a time (each in the order its executions ended), before the run's own event;
+    no statement lists more than a batch of ids (a large run listed them all, past SQLite's
+    limit on parameters)."""
     batch = selectors.EXECUTIONS_FINISHED_BATCH
     version = services.spec_version_create(
         project=project, source_yaml=SPEC.replace("replicas: 2", "replicas: 600")
@@ -278,7 +279,11 @@ def test_progress_events_of_a_large_finished_run_tell_each_execution_in_bounded_
         )
         events = _events(b"".join(response.streaming_content))
     told = [data["id"] for kind, data in events if kind == "execution"]
-    assert told == ids
+    # They ended in the reverse order of their ids: each batch of ids, the lowest batch first,
+    # is told highest id (the first to end) first.
+    assert told == [
+        pk for start in range(0, 1200, batch) for pk in sorted(ids)[start : start + batch][::-1]
+    ]
     assert [data["done"] for kind, data in events if kind == "execution"] == list(range(1, 1201))
     assert [kind for kind, _ in events[-2:]] == ["execution", "run"]
     assert len(ids) > 2 * batch and max(params) <= batch, max(params)
