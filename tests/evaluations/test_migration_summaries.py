@@ -1,5 +1,6 @@
 """Migration 0021 takes each execution's score out of the summaries of runs finished before
-(run_finalize no longer stores them), on the test run's backend, PostgreSQL or SQLite."""
+(run_finalize no longer stores them): its SQL is each backend's own, so the test runs on
+PostgreSQL and again on the embedded SQLite."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from evaluations import services
 from evaluations.models import Run
 from tests.evaluations.execution_helpers import new_run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 MIGRATION = importlib.import_module("evaluations.migrations.0021_run_summary_without_executions")
 
