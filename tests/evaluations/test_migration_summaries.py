@@ -6,33 +6,23 @@ from __future__ import annotations
 
 import importlib
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from django.apps import apps
 from django.db import connection
 
-from evaluations import services
 from evaluations.models import Run
-from tests.evaluations.execution_helpers import new_run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 MIGRATION = importlib.import_module("evaluations.migrations.0021_run_summary_without_executions")
 
-SPEC = """\
-version: 1
-id: migrated
-task: {prompt: "hi"}
-agent: {type: command, command: "echo hi"}
-sandbox: {backend: local}
-invariants:
-  says_hi: {description: "It says hi", check: {type: contains, value: hi}}
-"""
 
-
-def test_the_migration_strips_the_per_execution_list_and_keeps_everything_else() -> None:
-    project = services.project_default()
-    old, new = new_run(project, SPEC), new_run(project, SPEC)
+def test_the_migration_strips_the_per_execution_list_and_keeps_everything_else(
+    run: Run, spec_version: Any
+) -> None:
+    old, new = run, Run.objects.create(project=run.project, spec_version=spec_version)
     kept = {
         "verdict": "fail",
         "groups": [{"key": "no-chaos/0", "passed": False}],
