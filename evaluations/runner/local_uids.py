@@ -175,8 +175,11 @@ def _try(uid: int, path: Path) -> UidLease | None:
         raise
     if mine.st_size:  # the last holder died holding it
         _clean_after_dead_holder(uid, fd)
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
+        # Only then: on ext4, a truncate to nothing marks the file to be written to disk
+        # when it is closed (auto_da_alloc), so a lock file made empty would have a block
+        # allocated and written at each release, just before it is deleted.
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, f"pid {os.getpid()}\n".encode())
     return UidLease(uid, fd, path)
 

@@ -245,6 +245,34 @@ def test_a_full_range_is_a_clear_error_naming_the_setting(reachable: Path) -> No
     sandbox.release()
 
 
+def _bytes_sent_to_storage() -> int:
+    """What this process has written that will reach the disk: bytes written to page-cache
+    pages, less those dropped before being written (a deleted file's)."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["write_bytes"]) - int(fields["cancelled_write_bytes"])
+
+
+def test_holding_and_giving_back_a_uid_writes_nothing_to_disk(reachable: Path) -> None:
+    # Every execution takes a uid and gives it back: its lock file is made, written, deleted.
+    # On ext4, a file truncated to nothing is written out when it is closed (auto_da_alloc):
+    # the empty new lock file, truncated before it was written, had a disk block allocated
+    # and written at each release, just before it was deleted. On a file system that keeps
+    # no count (tmpfs), both figures stay 0.
+    lock_dir = reachable / "locks" / "uids"
+    lock_dir.parent.mkdir(mode=0o755)
+
+    def hold_and_give_back() -> None:
+        lease = local_uids.acquire(TEST_UIDS[3:4], lock_dir=lock_dir)
+        lease.release()
+
+    hold_and_give_back()  # the directory's own blocks, written once however many locks
+    before = _bytes_sent_to_storage()
+    for _ in range(3):
+        hold_and_give_back()
+    assert _bytes_sent_to_storage() == before
+    assert not list(lock_dir.iterdir())
+
+
 def test_the_range_setting_is_checked() -> None:
     assert local_uids.parse_range("1900000000-1900000009") == range(1900000000, 1900000010)
     for bad in ("", "12", "2000000000-1900000000", "1000-2000", "1900000000-4294967294", "a-b"):
