@@ -347,13 +347,15 @@ def one_malloc_arena() -> None:
 
 def _record_dead_children(run_id: int, children: list[Any]) -> None:
     """The executions a forked process held when it died end as errors that say so (no
-    lease watcher is left to end them)."""
+    lease watcher is left to end them), and its agents, which no one would stop, are killed."""
     from evaluations import services
     from evaluations.models import Execution, ExecutionStatus
+    from evaluations.runner.cgroups import kill_orphans
 
-    for child in children:
-        if child.exitcode in (None, 0):
-            continue
+    dead = [child for child in children if child.exitcode not in (None, 0)]
+    if dead:
+        kill_orphans()
+    for child in dead:
         worker = f"cli:{child.pid}"
         held = Execution.objects.filter(
             run_id=run_id, claimed_by=worker, status=ExecutionStatus.RUNNING
@@ -480,6 +482,7 @@ def _execute_in_child(work: _SharedWork, threads: int) -> None:
     import atexit
 
     from evaluations import services
+    from evaluations.runner.cgroups import kill_orphans
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # What this process starts for its executions and stops at exit (agent.start servers,
@@ -496,7 +499,8 @@ def _execute_in_child(work: _SharedWork, threads: int) -> None:
         while not work.stopping.is_set():
             if os.getppid() != parent:
                 # The command was killed (the OOM killer, kill -9): no one is left to report
-                # this process's executions, nor to finish the run.
+                # this process's executions, nor to finish the run, nor to stop its agents.
+                kill_orphans()
                 services.run_cancel(run_id=work.run_id)
                 work.stopping.set()
                 break

@@ -1,7 +1,8 @@
 """A control group per sandboxed command: a ceiling on the number of processes (a fork bomb
 stops at it instead of reaching the host) and on the memory of the whole process tree (rlimits
 only bound each process), and a way to kill every process the command left behind, even one
-that left its process group.
+that left its process group, and even once the worker that started it has died (the group
+is named after the worker's pid, `kill_orphans`).
 
 The command's first shell waits on its standard input for a line, `go`, which the worker
 writes once it has put that shell's PID into the group's `cgroup.procs` (`admit`): not one of
@@ -23,11 +24,14 @@ import contextlib
 import functools
 import math
 import os
+import re
 import signal
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from evaluations.runner import owners
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -222,7 +226,7 @@ class CommandCgroup:
         self.paths: list[Path] = []
 
     def __enter__(self) -> CommandCgroup:
-        name = f"keystone-{uuid.uuid4().hex}"
+        name = f"keystone-{os.getpid()}-{uuid.uuid4().hex}"
         try:
             for hierarchy in self.hierarchies:
                 _remove_stale(hierarchy.parent)
@@ -289,9 +293,14 @@ class CommandCgroup:
         self.paths = []
 
 
-# A group older than this with nothing in it was left by a worker that died (its processes
-# ended since): removed by the next command. Younger ones may be a neighbour's that is
-# about to receive its process.
+# A command's group is named after the process that made it: keystone-PID-HEX. That process
+# empties and removes it when the command ends; should it die first (a SIGKILL, the OOM
+# killer), any other process of Keystone's that looks empties it instead.
+_GROUP_NAME = re.compile(r"keystone-(\d+)-[0-9a-f]{32}")
+
+# A group older than this with nothing in it, whose name says nothing of its maker (made by
+# an earlier version), was left by a worker that died: removed by the next command. Younger
+# ones may be a neighbour's that is about to receive its process.
 _STALE_SECONDS = 120.0
 
 
@@ -326,9 +335,21 @@ def _write(path: Path, text: str) -> None:
         os.close(fd)
 
 
+def kill_orphans() -> None:
+    """Now rather than at the next look: kill what runs in the groups of Keystone's processes
+    that died, and remove the groups. For a process that has just seen another one of its
+    run die, whose agents would otherwise run on until their command ends, with no one left to
+    enforce its timeout."""
+    for hierarchy in _controllers()[0]:
+        _last_sweep.pop(hierarchy.parent, None)
+        _remove_stale(hierarchy.parent)
+
+
 def _remove_stale(parent: Path) -> None:
-    """Remove the empty groups dead workers left behind; a group with processes in it cannot
-    be removed (the kernel refuses), so a live one is never touched."""
+    """Empty and remove the groups whose maker died, and remove the empty, old groups of
+    makers unknown. A group whose maker runs is never touched: the kernel refuses to remove
+    one with processes in it. The groups under `parent` are made by the processes of this
+    one's own group (a container has a group of its own), whose pids this process sees."""
     now = time.monotonic()
     if now - _last_sweep.get(parent, -math.inf) < _SWEEP_SECONDS:
         return
@@ -339,10 +360,16 @@ def _remove_stale(parent: Path) -> None:
         return
     limit = time.time() - _STALE_SECONDS
     for entry in entries:
-        if entry.name.startswith("keystone-") and entry.is_dir(follow_symlinks=False):
-            with contextlib.suppress(OSError):
-                if entry.stat(follow_symlinks=False).st_mtime < limit:
-                    os.rmdir(entry.path)
+        if not entry.name.startswith("keystone-") or not entry.is_dir(follow_symlinks=False):
+            continue
+        maker = _GROUP_NAME.fullmatch(entry.name)
+        if maker is not None:
+            if not owners.running(int(maker[1])):
+                _empty(Path(entry.path))
+            continue
+        with contextlib.suppress(OSError):
+            if entry.stat(follow_symlinks=False).st_mtime < limit:
+                os.rmdir(entry.path)
 
 
 def _empty(path: Path) -> None:

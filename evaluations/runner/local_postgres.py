@@ -17,6 +17,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from evaluations.runner import owners
+
 PREFIX = "keystone-pg-"
 OWNER_FILE = "owner.pid"  # the process whose cluster this is
 _lock = threading.Lock()
@@ -137,19 +139,9 @@ def _sweep_orphans(binaries: Path) -> None:
             owner = int((directory / OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue
-        if _alive(owner):
+        if owners.running(owner):
             continue
         _stop(binaries, directory, _as_owner(directory))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _stop(binaries: Path, directory: Path, prefix: list[str]) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 from checks import safe_files
 from checks.context import CommandResult, CommandRunner
-from evaluations.runner import as_uid, local_uids, relay
+from evaluations.runner import as_uid, local_uids, owners, relay
 from evaluations.runner.cgroups import GATE_LINE, CommandCgroup
 from evaluations.runner.egress import EgressRelay, Endpoint, trap_ports
 from evaluations.runner.workspace import AGENT_HOME, KEYSTONE_DIR
@@ -1159,6 +1159,7 @@ class DockerSandbox(Sandbox):
         error: str | None = None
         limit_exceeded: str | None = None
         try:
+            _remove_orphaned_containers(self.client)
             container = self.client.containers.create(
                 self.image,
                 ["/bin/sh", "-c", wrapper, "keystone", request.command]
@@ -1186,7 +1187,7 @@ class DockerSandbox(Sandbox):
                         name="fsize", soft=request.file_size_limit, hard=request.file_size_limit
                     )
                 ],
-                labels={"keystone.sandbox": "docker"},
+                labels={"keystone.sandbox": "docker", OWNER_LABEL: owners.this_process()},
                 detach=True,
             )
             container.start()
@@ -1237,6 +1238,31 @@ class DockerSandbox(Sandbox):
             limit_exceeded=limit_exceeded,
             refused_connections=list(relay.refused) if relay is not None else [],
         )
+
+
+# The process that made a container (owners.this_process()): another one removes it once
+# that process has died without removing it (a SIGKILL), and the agent with it.
+OWNER_LABEL = "keystone.owner"
+# How often a process looks for them: a look is a request to the engine.
+_ORPHANS_SWEEP_SECONDS = 30.0
+_last_orphans_sweep = -math.inf  # time.monotonic() of this process's last look
+
+
+def _remove_orphaned_containers(client: Any) -> None:
+    """Remove the containers, running or not, of Keystone's processes that died before they
+    could (on this host, in this PID namespace: the engine may serve others), at most once
+    every _ORPHANS_SWEEP_SECONDS per process."""
+    import docker.errors
+
+    global _last_orphans_sweep
+    now = time.monotonic()
+    if now - _last_orphans_sweep < _ORPHANS_SWEEP_SECONDS:
+        return
+    _last_orphans_sweep = now
+    for container in client.api.containers(all=True, filters={"label": OWNER_LABEL}):
+        if owners.ended((container.get("Labels") or {}).get(OWNER_LABEL, "")):
+            with contextlib.suppress(docker.errors.DockerException):
+                client.api.remove_container(container["Id"], force=True)
 
 
 def _kill_container(container: Any) -> None:

@@ -352,6 +352,7 @@ def test_a_killed_execution_process_fails_the_run_at_once_and_says_so(tmp_path: 
 
     process, database = _two_agents_running(tmp_path)  # one in each process
     [child] = _forked_processes(database, process.pid)
+    its_agents = _agents_started_by(child)
     os.kill(child, signal.SIGKILL)
     # Not the agents' 120 s, nor the next lease round (20 s): the parent's agent stops at once.
     _, err = process.communicate(timeout=15)
@@ -361,6 +362,8 @@ def test_a_killed_execution_process_fails_the_run_at_once_and_says_so(tmp_path: 
     with sqlite3.connect(database) as db:
         errors = [e for (e,) in db.execute("SELECT error FROM evaluations_execution")]
     assert errors.count("the process running it ended with exit code -9") == 1, errors
+    # Its agent, which no one was left to stop, did not run on for its 120 s.
+    assert not [pid for pid in its_agents if _alive(pid)]
 
 
 @pytest.mark.embedded
@@ -372,11 +375,12 @@ def test_a_forked_process_whose_command_was_killed_cancels_the_run_and_ends(
     report them; the run stayed `running`."""
     process, database = _two_agents_running(tmp_path)  # one in each process
     [child] = _forked_processes(database, process.pid)
+    agents = _agents_started_by(process.pid, 2)  # the command's own, its forked process's
     process.kill()
     process.wait()
     deadline = time.monotonic() + 15  # not the agents' 120 s, nor a lease (60 s)
-    while _alive(child):
-        assert time.monotonic() < deadline, "the forked process outlived its command"
+    while _alive(child) or [pid for pid in agents if _alive(pid)]:
+        assert time.monotonic() < deadline, "the forked process or an agent outlived the command"
         time.sleep(0.2)
     with sqlite3.connect(database) as db:
         status = db.execute("SELECT status FROM evaluations_run").fetchone()[0]
@@ -386,6 +390,29 @@ def test_a_forked_process_whose_command_was_killed_cancels_the_run_and_ends(
     assert status == "cancelled"
     # The killed command's own execution is left to its lease; none is the forked process's.
     assert running == [(f"cli:{process.pid}",)], running
+
+
+def _agents_started_by(pid: int, count: int = 1) -> list[int]:
+    """The agents (`sleep` processes) among the descendants of `pid`, once there are
+    `count` (an execution is running before its agent has started)."""
+    deadline = time.monotonic() + 30
+    while True:
+        processes = {}  # pid -> (parent pid, name)
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError):
+                name, _, rest = stat.read_text().rpartition(")")
+                processes[int(stat.parent.name)] = (int(rest.split()[1]), name.partition("(")[2])
+        found = []
+        for candidate, (_, name) in processes.items():
+            ancestor = candidate
+            while ancestor in processes and ancestor != pid:
+                ancestor = processes[ancestor][0]
+            if ancestor == pid and name == "sleep":
+                found.append(candidate)
+        if len(found) >= count:
+            return found
+        assert time.monotonic() < deadline, f"{pid} started {len(found)} agents, not {count}"
+        time.sleep(0.2)
 
 
 def _alive(pid: int) -> bool:

@@ -3,11 +3,22 @@ its root filesystem, and never runs as root on the host's files."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from evaluations.runner.sandbox import DockerSandbox, build_busybox_image, docker_status
+from evaluations.runner import owners
+from evaluations.runner import sandbox as sandbox_module
+from evaluations.runner.sandbox import (
+    OWNER_LABEL,
+    DockerSandbox,
+    build_busybox_image,
+    docker_status,
+)
 
 IMAGE = "keystone-busybox:test"
 
@@ -49,3 +60,39 @@ def test_the_root_filesystem_is_read_only_and_the_workspace_writable(
     assert "ROOT-WRITABLE" not in out
     assert "workspace-ok" in out and "tmp-ok" in out
     assert (tmp_path / "ws" / "result.txt").read_text() == "ok\n"
+
+
+def test_the_containers_of_a_process_that_died_are_removed_by_the_next_command(
+    sandbox: DockerSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed (SIGKILL, the OOM killer) while its container ran: the container ran
+    on until its command ended, as long as it liked, with no one left to enforce its timeout.
+    The next command of a Keystone process removes it; the containers of a living process,
+    and of a process of another host or PID namespace (the engine may serve several), are
+    left."""
+    import docker.errors
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    here = owners.this_process().rpartition("/")[0]
+
+    def sleeping(owner: str) -> Any:
+        return sandbox.client.containers.run(
+            IMAGE, ["sleep", "60"], labels={OWNER_LABEL: owner}, detach=True
+        )
+
+    orphan = sleeping(f"{here}/{ended.pid}")
+    kept = sleeping(owners.this_process())
+    elsewhere = sleeping(f"another-boot/pid:[1]/{ended.pid}")
+    monkeypatch.setattr(sandbox_module, "_last_orphans_sweep", -math.inf)
+    try:
+        _attack(sandbox, tmp_path, "true")
+        with pytest.raises(docker.errors.NotFound):
+            orphan.reload()
+        for container in (kept, elsewhere):
+            container.reload()
+            assert container.status == "running"
+    finally:
+        for container in (orphan, kept, elsewhere):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)

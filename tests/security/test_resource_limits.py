@@ -7,7 +7,10 @@ agent's process group and session."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -97,5 +100,43 @@ def test_groups_dead_workers_left_are_removed_by_the_next_command(
         assert young.exists()  # may be about to receive its process: left alone
     finally:
         for path in (stale, young):
+            if path.exists():
+                path.rmdir()
+
+
+def _group_with_a_sleeper(maker: int) -> tuple[subprocess.Popen[bytes], list[Path]]:
+    """A command's groups as the process `maker` names them, with a process in them."""
+    name = f"keystone-{maker}-{uuid.uuid4().hex}"
+    sleeper = subprocess.Popen(["sleep", "60"])
+    paths = []
+    for hierarchy in cgroups._controllers()[0]:
+        path = hierarchy.parent / name
+        path.mkdir()
+        paths.append(path)
+        (path / "cgroup.procs").write_text(str(sleeper.pid))
+    return sleeper, paths
+
+
+def test_what_runs_in_the_groups_of_a_process_that_died_is_killed_by_the_next_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed (SIGKILL, the OOM killer) while its agent ran: the agent ran on until
+    its command ended, as long as it liked, with no one left to enforce its timeout. The
+    next command of a Keystone process on the host kills it; a living process's are left."""
+    monkeypatch.setattr(cgroups, "_last_sweep", {})
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    orphan, orphan_groups = _group_with_a_sleeper(ended.pid)
+    kept, kept_groups = _group_with_a_sleeper(os.getpid())
+    try:
+        LocalSandbox().run("true", workspace=tmp_path, env={}, timeout=30)
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+        assert not [path for path in orphan_groups if path.exists()]
+        assert kept.poll() is None and all(path.exists() for path in kept_groups)
+    finally:
+        for sleeper in (orphan, kept):
+            sleeper.kill()
+            sleeper.wait()
+        for path in orphan_groups + kept_groups:
             if path.exists():
                 path.rmdir()
