@@ -350,11 +350,10 @@ def _record_dead_children(run_id: int, children: list[Any]) -> None:
     lease watcher is left to end them), and its agents, which no one would stop, are killed."""
     from evaluations import services
     from evaluations.models import Execution, ExecutionStatus
-    from evaluations.runner.cgroups import kill_orphans
 
     dead = [child for child in children if child.exitcode not in (None, 0)]
     if dead:
-        kill_orphans()
+        _stop_what_dead_processes_left()
     for child in dead:
         worker = f"cli:{child.pid}"
         held = Execution.objects.filter(
@@ -366,6 +365,17 @@ def _record_dead_children(run_id: int, children: list[Any]) -> None:
                 worker=worker,
                 error=f"the process running it ended with exit code {child.exitcode}",
             )
+
+
+def _stop_what_dead_processes_left() -> None:
+    """At once, for a process of `keystone run` that has seen another one die: kill what the
+    agents of the processes that died left running (their commands' groups; their uids'
+    processes where there was no group), which no one else would stop before the next look
+    of a command on this host."""
+    from evaluations.runner import cgroups, local_uids
+
+    cgroups.kill_orphans()
+    local_uids.release_dead_holders()
 
 
 class _SharedWork:
@@ -482,7 +492,6 @@ def _execute_in_child(work: _SharedWork, threads: int) -> None:
     import atexit
 
     from evaluations import services
-    from evaluations.runner.cgroups import kill_orphans
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # What this process starts for its executions and stops at exit (agent.start servers,
@@ -500,7 +509,7 @@ def _execute_in_child(work: _SharedWork, threads: int) -> None:
             if os.getppid() != parent:
                 # The command was killed (the OOM killer, kill -9): no one is left to report
                 # this process's executions, nor to finish the run, nor to stop its agents.
-                kill_orphans()
+                _stop_what_dead_processes_left()
                 services.run_cancel(run_id=work.run_id)
                 work.stopping.set()
                 break

@@ -15,18 +15,21 @@ the kernel when the process dies. The lock file says who holds the uid and which
 were handed to it; a clean release kills whatever still runs as the uid, then removes the file.
 A file that is still there and not locked is therefore the leftover of a holder that died:
 whoever takes the uid next kills the uid's processes and gives the workspaces it lists back
-to root before using it.
+to root before using it, and every process cleans after all such holders at its first
+`acquire` and every 30 seconds (`release_dead_holders`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import random
 import stat
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 SETTING = "KEYSTONE_LOCAL_UIDS"
@@ -137,12 +140,22 @@ class UidLease:
                 os.close(fd)
 
 
+# How often a process cleans after the holders that died (release_dead_holders): a listing of
+# the lock directory.
+_SWEEP_SECONDS = 30.0
+_last_sweep: dict[Path, float] = {}  # lock directory -> time.monotonic() of the last look
+
+
 def acquire(uids: range | None = None, *, lock_dir: Path = LOCK_DIR) -> UidLease:
     """Hold a uid of `uids` (the configured range by default) that no other process of
     this host holds. Tries them from a random one on, so that a uid given back is seldom
     the next one handed out."""
     uids = configured_range() if uids is None else uids
     directory = _lock_dir(lock_dir)
+    now = time.monotonic()
+    if now - _last_sweep.get(directory, -math.inf) >= _SWEEP_SECONDS:
+        _last_sweep[directory] = now
+        release_dead_holders(directory)
     start = random.randrange(len(uids))
     for index in range(len(uids)):
         uid = uids[(start + index) % len(uids)]
@@ -153,6 +166,23 @@ def acquire(uids: range | None = None, *, lock_dir: Path = LOCK_DIR) -> UidLease
         f"every uid of {SETTING} ({uids[0]}-{uids[-1]}, {len(uids)} uids) is held by an "
         "execution running on this host: widen the range, or run fewer executions at once"
     )
+
+
+def release_dead_holders(lock_dir: Path = LOCK_DIR) -> None:
+    """Clean after every holder that died holding its uid (its lock file left, unlocked):
+    kill the uid's processes and take its workspaces back now, rather than whenever the uid
+    is next handed out (at random among many: maybe never), then give the uid back. Where no
+    cgroup contains the agents, nothing else stops what a killed worker's agents left
+    running."""
+    try:
+        names = os.listdir(lock_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.isdigit():
+            lease = _try(int(name), lock_dir / name)  # cleans first if its holder died
+            if lease is not None:
+                lease.release()
 
 
 def _try(uid: int, path: Path) -> UidLease | None:

@@ -222,6 +222,28 @@ def test_uids_are_unique_across_processes_and_threads_and_given_back(reachable: 
     assert not any((local_uids.LOCK_DIR / str(uid)).exists() for uid in TEST_UIDS)
 
 
+def test_a_holder_that_died_is_cleaned_after_without_its_uid_being_handed_out(
+    reachable: Path,
+) -> None:
+    """Where no cgroup contains the agents, what a killed holder's agent left running ran on
+    until its uid happened to be handed out again: at random among 65,536, maybe never."""
+    holder, uid, daemon = _holder(TEST_UIDS[4:5], reachable)
+    try:
+        holder.kill()
+        holder.wait(timeout=30)
+        assert _alive(daemon)
+        local_uids.release_dead_holders()
+        deadline = time.monotonic() + 10
+        while _alive(daemon) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(daemon)
+        assert os.stat(reachable / str(uid)).st_uid == 0  # its workspace taken back
+        assert not (local_uids.LOCK_DIR / str(uid)).exists()
+    finally:
+        if _alive(daemon):
+            os.kill(daemon, signal.SIGKILL)
+
+
 def test_a_full_range_is_a_clear_error_naming_the_setting(reachable: Path) -> None:
     uids = TEST_UIDS[2:3]
     holder, uid, daemon = _holder(uids, reachable)  # another process holds the only uid
