@@ -3,8 +3,10 @@ that answers once it is ready. Before an execution, the runner probes `ready_url
 answers, it starts the command on the Keystone host (with `sh -c` in the spec's directory, the
 Python that runs Keystone first on PATH, and none of the server's environment variables),
 waits until the probe answers 2xx, and keeps the server for the next executions of this
-process; it is stopped when the process exits. A server that somebody else already runs on
-that URL is used as it is.
+process; it is stopped when the process exits, or, should the process be killed first, by the
+next Keystone process to start an agent (else the server would answer the next runs from the
+agent's code as it was then). A server that somebody else already runs on that URL is used
+as it is.
 
 The command runs outside any sandbox, so it is allowed only for specs read from a directory
 on this machine (`keystone run`, the demo) or with KEYSTONE_ALLOW_HOST_SCRIPTS=true.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -25,8 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evaluations.runner import owners
+
 DEFAULT_READY_TIMEOUT = 30.0
 _lock = threading.Lock()
+# The files of a started server, in the temporary directory: its output (PREFIX*.log) and
+# who started it (PREFIX*.owner).
+_PREFIX = "keystone-agent-"
+_OWNER_SUFFIX = ".owner"
+# When this process last looked for the servers of processes that died.
+_looks = owners.Looks()
 
 
 @dataclass(slots=True)
@@ -35,6 +46,12 @@ class _Server:
 
     process: subprocess.Popen[bytes]
     log_path: Path
+
+    @property
+    def owner_path(self) -> Path:
+        """Beside the log: the process that started the server, and the server's pid and
+        start time."""
+        return self.log_path.with_suffix(_OWNER_SUFFIX)
 
     def tail(self) -> str:
         try:
@@ -61,6 +78,9 @@ def ensure_started(agent: dict[str, Any], *, spec_dir: Path, allowed: bool) -> s
     if not start:
         return None
     url = str(start["ready_url"])
+    with _lock:  # no thread probes before an orphaned server on the URL is stopped
+        if _looks.due("servers"):
+            _stop_orphaned_servers()
     if ready(url):
         return None
     if not allowed:
@@ -110,7 +130,7 @@ def _server_env() -> dict[str, str]:
 
 
 def _spawn(command: str, spec_dir: Path) -> _Server:
-    handle, name = tempfile.mkstemp(prefix="keystone-agent-", suffix=".log")
+    handle, name = tempfile.mkstemp(prefix=_PREFIX, suffix=".log")
     env = _server_env()
     with os.fdopen(handle, "wb") as log:
         process = subprocess.Popen(
@@ -123,8 +143,45 @@ def _spawn(command: str, spec_dir: Path) -> _Server:
             start_new_session=True,  # its own process group: stopped with all it started
         )
     server = _Server(process, Path(name))
+    # Who started it, and which process it is (a pid alone may be a later process's).
+    server.owner_path.write_text(
+        f"{owners.this_process()} {process.pid} {owners.start_time(process.pid)}\n"
+    )
     atexit.register(_stop, server)
     return server
+
+
+def _stop_orphaned_servers() -> None:
+    """Stop the servers that Keystone processes which died (kill -9, the OOM killer) left
+    running, with everything in their process groups."""
+    for owner_path in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*{_OWNER_SUFFIX}"):
+        try:
+            owner, pid, started = _read_own_file(owner_path).split()
+            if not owners.ended(owner):
+                continue
+            if str(owners.start_time(int(pid))) == started:  # still that server
+                os.killpg(int(pid), signal.SIGKILL)
+                deadline = time.monotonic() + 10  # until its port is free for the next one
+                while owners.running(int(pid)) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        except (OSError, ValueError):
+            continue
+        owner_path.unlink(missing_ok=True)
+        owner_path.with_suffix(".log").unlink(missing_ok=True)
+
+
+def _read_own_file(path: Path) -> str:
+    """The text of a file of the temporary directory that this process's user wrote: anyone
+    may write there, and what such a file names is killed. OSError for a link, anything but a
+    regular file, or a file of another user."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise PermissionError(f"{path} is not a file of this user's")
+        return os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)
 
 
 def _stop(server: _Server) -> None:
@@ -136,3 +193,4 @@ def _stop(server: _Server) -> None:
         except (OSError, subprocess.TimeoutExpired):
             os.killpg(process.pid, signal.SIGKILL)
     server.log_path.unlink(missing_ok=True)
+    server.owner_path.unlink(missing_ok=True)

@@ -303,11 +303,9 @@ _GROUP_NAME = re.compile(r"keystone-(\d+)-[0-9a-f]{32}")
 # ones may be a neighbour's that is about to receive its process.
 _STALE_SECONDS = 120.0
 
-
-# How often a process looks for them: a look reads every group's entry (a scandir and a
-# stat each), which every command paid before.
-_SWEEP_SECONDS = 30.0
-_last_sweep: dict[Path, float] = {}  # parent -> time.monotonic() of this process's last look
+# When this process last looked under each parent: a look reads every group's entry (a
+# scandir, and a stat or a read of its maker's /proc/PID/stat each).
+_looks = owners.Looks()
 
 
 def _read(path: Path) -> str:
@@ -340,8 +338,8 @@ def kill_orphans() -> None:
     that died, and remove the groups. For a process that has just seen another one of its
     run die, whose agents would otherwise run on until their command ends, with no one left to
     enforce its timeout."""
+    _looks.forget()
     for hierarchy in _controllers()[0]:
-        _last_sweep.pop(hierarchy.parent, None)
         _remove_stale(hierarchy.parent)
 
 
@@ -350,10 +348,8 @@ def _remove_stale(parent: Path) -> None:
     makers unknown. A group whose maker runs is never touched: the kernel refuses to remove
     one with processes in it. The groups under `parent` are made by the processes of this
     one's own group (a container has a group of its own), whose pids this process sees."""
-    now = time.monotonic()
-    if now - _last_sweep.get(parent, -math.inf) < _SWEEP_SECONDS:
+    if not _looks.due(parent):
         return
-    _last_sweep[parent] = now
     try:
         entries = list(os.scandir(parent))
     except OSError:

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import math
 import os
 import random
 import stat
 import subprocess
 import threading
-import time
 from pathlib import Path
+
+from evaluations.runner import owners
 
 SETTING = "KEYSTONE_LOCAL_UIDS"
 DEFAULT_RANGE = "1900000000-1900065535"
@@ -140,10 +140,8 @@ class UidLease:
                 os.close(fd)
 
 
-# How often a process cleans after the holders that died (release_dead_holders): a listing of
-# the lock directory.
-_SWEEP_SECONDS = 30.0
-_last_sweep: dict[Path, float] = {}  # lock directory -> time.monotonic() of the last look
+# When this process last cleaned after the holders that died (release_dead_holders).
+_looks = owners.Looks()
 
 
 def acquire(uids: range | None = None, *, lock_dir: Path = LOCK_DIR) -> UidLease:
@@ -152,9 +150,7 @@ def acquire(uids: range | None = None, *, lock_dir: Path = LOCK_DIR) -> UidLease
     the next one handed out."""
     uids = configured_range() if uids is None else uids
     directory = _lock_dir(lock_dir)
-    now = time.monotonic()
-    if now - _last_sweep.get(directory, -math.inf) >= _SWEEP_SECONDS:
-        _last_sweep[directory] = now
+    if _looks.due(directory):
         release_dead_holders(directory)
     start = random.randrange(len(uids))
     for index in range(len(uids)):

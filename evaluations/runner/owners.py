@@ -9,8 +9,58 @@ enforce its timeout.
 from __future__ import annotations
 
 import functools
+import math
 import os
+import time
 from pathlib import Path
+
+# How often a process looks for what dead processes left (a listing each: of a directory, or
+# a request to the Docker engine).
+LOOK_SECONDS = 30.0
+
+
+class Looks:
+    """When this process last looked for what dead processes left, per place (a cgroup
+    parent, a lock directory, ...): a look is due at the first time, then every
+    LOOK_SECONDS."""
+
+    def __init__(self) -> None:
+        self._last: dict[object, float] = {}  # place -> time.monotonic() of the last look
+
+    def due(self, place: object) -> bool:
+        """Whether to look at `place` now; if so, the look is counted as made."""
+        now = time.monotonic()
+        if now - self._last.get(place, -math.inf) < LOOK_SECONDS:
+            return False
+        self._last[place] = now
+        return True
+
+    def forget(self) -> None:
+        """The next look at every place is due at once."""
+        self._last.clear()
+
+
+def start_time(pid: int) -> int | None:
+    """When the process `pid` started, in clock ticks since the boot: with its pid, what
+    tells it from a later process given the same pid. None once it has ended, or when that
+    cannot be told."""
+    try:
+        stat = _stat(pid)
+    except OSError:
+        return None
+    if stat is None or stat[0] in ("Z", "X"):
+        return None
+    return int(stat[19])  # the 22nd field of /proc/PID/stat, the 3rd (state) being [0]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name; None when there is no such
+    process. OSError when it cannot be read."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):  # ProcessLookupError: ended as it was read
+        return None
+    return text.rpartition(")")[2].split() or None
 
 
 def running(pid: int) -> bool:
@@ -18,13 +68,10 @@ def running(pid: int) -> bool:
     has: only its exit status is left, for its parent to read. When that cannot be told, it
     runs: what a living process made is never stopped."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
-    except (FileNotFoundError, ProcessLookupError):  # ProcessLookupError: ended as it was read
-        return False
+        stat = _stat(pid)
     except OSError:
         return True
-    fields = stat.rpartition(")")[2].split()
-    return not fields or fields[0] not in ("Z", "X")
+    return stat is not None and stat[0] not in ("Z", "X")
 
 
 @functools.cache

@@ -1243,22 +1243,18 @@ class DockerSandbox(Sandbox):
 # The process that made a container (owners.this_process()): another one removes it once
 # that process has died without removing it (a SIGKILL), and the agent with it.
 OWNER_LABEL = "keystone.owner"
-# How often a process looks for them: a look is a request to the engine.
-_ORPHANS_SWEEP_SECONDS = 30.0
-_last_orphans_sweep = -math.inf  # time.monotonic() of this process's last look
+# When this process last looked for them: a look is a request to the engine.
+_looks = owners.Looks()
 
 
 def _remove_orphaned_containers(client: Any) -> None:
     """Remove the containers, running or not, of Keystone's processes that died before they
     could (on this host, in this PID namespace: the engine may serve others), at most once
-    every _ORPHANS_SWEEP_SECONDS per process."""
+    every owners.LOOK_SECONDS per process."""
     import docker.errors
 
-    global _last_orphans_sweep
-    now = time.monotonic()
-    if now - _last_orphans_sweep < _ORPHANS_SWEEP_SECONDS:
+    if not _looks.due(client.api.base_url):
         return
-    _last_orphans_sweep = now
     for container in client.api.containers(all=True, filters={"label": OWNER_LABEL}):
         if owners.ended((container.get("Labels") or {}).get(OWNER_LABEL, "")):
             with contextlib.suppress(docker.errors.DockerException):

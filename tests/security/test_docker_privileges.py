@@ -4,7 +4,6 @@ its root filesystem, and never runs as root on the host's files."""
 from __future__ import annotations
 
 import contextlib
-import math
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -84,7 +83,7 @@ def test_the_containers_of_a_process_that_died_are_removed_by_the_next_command(
     orphan = sleeping(f"{here}/{ended.pid}")
     kept = sleeping(owners.this_process())
     elsewhere = sleeping(f"another-boot/pid:[1]/{ended.pid}")
-    monkeypatch.setattr(sandbox_module, "_last_orphans_sweep", -math.inf)
+    monkeypatch.setattr(sandbox_module, "_looks", owners.Looks())
     try:
         _attack(sandbox, tmp_path, "true")
         with pytest.raises(docker.errors.NotFound):

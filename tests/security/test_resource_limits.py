@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.runner import cgroups
+from evaluations.runner import cgroups, owners
 from evaluations.runner.sandbox import BwrapSandbox, LocalSandbox, Sandbox, bwrap_status
 
 pytestmark = pytest.mark.skipif(
@@ -85,8 +85,8 @@ def test_groups_dead_workers_left_are_removed_by_the_next_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The next command of a process that has not looked for them lately (a process looks
-    # once every _SWEEP_SECONDS: tests/evaluations/runner/test_cgroups.py).
-    monkeypatch.setattr(cgroups, "_last_sweep", {})
+    # once every owners.LOOK_SECONDS: tests/evaluations/runner/test_cgroups.py).
+    monkeypatch.setattr(cgroups, "_looks", owners.Looks())
     controller = cgroups._controllers()[0][0]
     stale = controller.parent / "keystone-left-by-a-dead-worker"
     stale.mkdir()
@@ -123,7 +123,7 @@ def test_what_runs_in_the_groups_of_a_process_that_died_is_killed_by_the_next_co
     """A worker killed (SIGKILL, the OOM killer) while its agent ran: the agent ran on until
     its command ended, as long as it liked, with no one left to enforce its timeout. The
     next command of a Keystone process on the host kills it; a living process's are left."""
-    monkeypatch.setattr(cgroups, "_last_sweep", {})
+    monkeypatch.setattr(cgroups, "_looks", owners.Looks())
     ended = subprocess.Popen(["true"])
     ended.wait()
     orphan, orphan_groups = _group_with_a_sleeper(ended.pid)

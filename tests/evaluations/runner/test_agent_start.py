@@ -3,10 +3,17 @@ its ready URL, once per process, and says why when it cannot."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
+import tempfile
+import urllib.request
 from pathlib import Path
 
+import pytest
+
+from evaluations.runner import agent_start, owners
 from evaluations.runner.agent_start import _started, _stop, ensure_started, ready
 
 
@@ -66,3 +73,96 @@ def test_a_spec_from_the_browser_may_not_start_a_host_command(tmp_path: Path) ->
     error = ensure_started(agent, spec_dir=tmp_path, allowed=False)
     assert error is not None and "KEYSTONE_ALLOW_HOST_SCRIPTS=true" in error
     assert not (tmp_path / "started").exists()
+
+
+_START_THEN_WAIT = """
+import sys, time
+from pathlib import Path
+from evaluations.runner.agent_start import ensure_started
+port, spec_dir = sys.argv[1], Path(sys.argv[2])
+agent = {"type": "http", "start": {
+    "command": f"python -m http.server {port} --bind 127.0.0.1",
+    "ready_url": f"http://127.0.0.1:{port}/"}}
+print(ensure_started(agent, spec_dir=spec_dir, allowed=True), flush=True)
+time.sleep(300)
+"""
+
+
+def _page(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
+def test_a_server_a_killed_keystone_left_running_is_stopped_before_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keystone killed (kill -9, the OOM killer) left its agent's server running, and the
+    next run took it as a server somebody else runs: it answered from the agent's code as it
+    was then, not as it is now."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/"
+    then, now = tmp_path / "then", tmp_path / "now"
+    for spec_dir in (then, now):
+        spec_dir.mkdir()
+        (spec_dir / "index.html").write_text(spec_dir.name)
+    killed = subprocess.Popen(
+        [sys.executable, "-c", _START_THEN_WAIT, str(port), str(then)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert killed.stdout is not None and killed.stdout.readline().strip() == "None"
+    killed.kill()
+    killed.wait()
+    assert _page(url) == "then"  # its server runs on
+    assert _files_of(killed.pid)
+    monkeypatch.setattr(agent_start, "_looks", owners.Looks())  # this process's first look
+    agent = {
+        "type": "http",
+        "start": {"command": f"python -m http.server {port} --bind 127.0.0.1", "ready_url": url},
+    }
+    try:
+        assert ensure_started(agent, spec_dir=now, allowed=True) is None
+        assert _page(url) == "now"
+    finally:
+        server = _started.pop((agent["start"]["command"], str(now)), None)
+        if server is not None:
+            _stop(server)
+    assert not _files_of(killed.pid)  # nor are its files left
+
+
+def _files_of(owner: int) -> list[Path]:
+    """The files of the servers the process `owner` started, in the temporary directory."""
+    return [
+        path
+        for path in Path(tempfile.gettempdir()).glob("keystone-agent-*.owner")
+        if path.read_text().split()[0].endswith(f"/{owner}")
+    ]
+
+
+def test_a_file_another_user_planted_names_no_process_to_kill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone may write in the temporary directory: a file there naming a process of
+    Keystone's user, as if a dead Keystone had started it, must not get it killed."""
+    if os.getuid() != 0:
+        pytest.skip("only root can give the planted file to another user")
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    dead_owner = f"{owners.this_process().rpartition('/')[0]}/{ended.pid}"
+    planted = Path(tempfile.gettempdir()) / "keystone-agent-planted.owner"
+    planted.write_text(f"{dead_owner} {victim.pid} {owners.start_time(victim.pid)}\n")
+    os.chown(planted, 65534, 65534)
+    try:
+        monkeypatch.setattr(agent_start, "_looks", owners.Looks())
+        agent_start._stop_orphaned_servers()
+        assert victim.poll() is None
+        # The same file of Keystone's own user is obeyed.
+        os.chown(planted, os.getuid(), os.getgid())
+        agent_start._stop_orphaned_servers()
+        assert victim.wait(timeout=10) == -9
+    finally:
+        victim.kill()
+        victim.wait()
+        planted.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluations.runner import cgroups
+from evaluations.runner import cgroups, owners
 from evaluations.runner.cgroups import GATE_LINE, CommandCgroup, find_hierarchies
 
 V2_SELF = "0::/system.slice/keystone-worker.service\n"
@@ -180,16 +180,16 @@ def test_empty_groups_dead_workers_left_are_removed_once_in_a_while(
     )
     clock = [1000.0]
     monkeypatch.setattr(cgroups.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(cgroups, "_last_sweep", {})
+    monkeypatch.setattr(cgroups, "_looks", owners.Looks())
     cgroups._remove_stale(parent)
     # Only a group of Keystone's that has been empty for long: a young one may be about to
     # receive its command, and the worker's own leaf is not Keystone's to remove.
     assert not dead.exists() and young.exists() and other.exists()
     later = group("keystone-later", old)
-    clock[0] += cgroups._SWEEP_SECONDS / 2
+    clock[0] += owners.LOOK_SECONDS / 2
     cgroups._remove_stale(parent)  # looked not long ago: not again yet
     assert later.exists()
-    clock[0] += cgroups._SWEEP_SECONDS
+    clock[0] += owners.LOOK_SECONDS
     cgroups._remove_stale(parent)
     assert not later.exists() and young.exists()
 
