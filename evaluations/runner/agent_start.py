@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -156,7 +155,7 @@ def _stop_orphaned_servers() -> None:
     running, with everything in their process groups."""
     for owner_path in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*{_OWNER_SUFFIX}"):
         try:
-            owner, pid, started = _read_own_file(owner_path).split()
+            owner, pid, started = owners.read_own_file(owner_path).split()
             if not owners.ended(owner):
                 continue
             if str(owners.start_time(int(pid))) == started:  # still that server
@@ -168,20 +167,6 @@ def _stop_orphaned_servers() -> None:
             continue
         owner_path.unlink(missing_ok=True)
         owner_path.with_suffix(".log").unlink(missing_ok=True)
-
-
-def _read_own_file(path: Path) -> str:
-    """The text of a file of the temporary directory that this process's user wrote: anyone
-    may write there, and what such a file names is killed. OSError for a link, anything but a
-    regular file, or a file of another user."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-            raise PermissionError(f"{path} is not a file of this user's")
-        return os.read(fd, 4096).decode()
-    finally:
-        os.close(fd)
 
 
 def _stop(server: _Server) -> None:

@@ -136,7 +136,7 @@ def _sweep_orphans(binaries: Path) -> None:
     SIGKILL): nothing else would ever stop those servers."""
     for directory in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
         try:
-            owner = int((directory / OWNER_FILE).read_text())
+            owner = int(owners.read_own_file(directory / OWNER_FILE))
         except (OSError, ValueError):
             continue
         if owners.running(owner):

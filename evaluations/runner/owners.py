@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -96,3 +97,18 @@ def ended(owner: str) -> bool:
     namespace, _, pid = owner.rpartition("/")
     here = _namespace()
     return here is not None and namespace == here and pid.isdigit() and not running(int(pid))
+
+
+def read_own_file(path: Path) -> str:
+    """The text of a file, in a directory anyone may write to (the temporary directory), that
+    names what to stop: only if this process's user wrote it, or another user could have this
+    process kill what they choose. OSError for a link, anything but a regular file, or a file
+    of another user."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise PermissionError(f"{path} is not a file of this user's")
+        return os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psycopg
@@ -46,3 +49,26 @@ def test_a_killed_process_cluster_is_stopped_and_deleted_by_the_next_one(
         assert not orphan.exists()
     finally:
         monkeypatch.setattr(local_postgres, "_url", None)
+
+
+def test_a_directory_another_user_planted_is_not_taken_for_a_dead_process_cluster(
+    tmp_path: Path,
+) -> None:
+    """Anyone may write in the temporary directory: a `keystone-pg-*` directory of another
+    user's, naming a dead process, was chowned, "stopped" with `pg_ctl` (which signals the
+    pid in the directory's postmaster.pid, as the cluster user) and deleted, as root."""
+    if os.getuid() != 0:
+        pytest.skip("only root can give the planted directory to another user")
+    binaries = local_postgres.postgres_bin()
+    assert binaries is not None, "this machine has PostgreSQL's binaries (CI installs them)"
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    planted = Path(tempfile.mkdtemp(prefix=local_postgres.PREFIX))
+    try:
+        (planted / local_postgres.OWNER_FILE).write_text(str(ended.pid))
+        for path in (planted, planted / local_postgres.OWNER_FILE):
+            os.chown(path, 65534, 65534)
+        local_postgres._sweep_orphans(binaries)
+        assert planted.exists() and planted.stat().st_uid == 65534
+    finally:
+        shutil.rmtree(planted, ignore_errors=True)
