@@ -1,9 +1,9 @@
 """Which process made what outlives a SIGKILL of the process that made it: a command's
-cgroup, a Docker container, a throwaway PostgreSQL cluster. Its maker stops it when done;
-should the maker be killed first (kill -9, the OOM killer), any other process of Keystone's
-on the host can tell, from the pid the thing is marked with, and stop it instead. Nothing
-else would: an agent left running keeps running as long as it likes, with no one left to
-enforce its timeout.
+cgroup, a Docker container, an `agent.start` server, a throwaway PostgreSQL cluster (and a
+uid's lock file, which the kernel unlocks). Its maker stops it when done; should the maker be
+killed first (kill -9, the OOM killer), any other process of Keystone's on the host can tell,
+from the pid the thing is marked with, and stop it instead. Nothing else would: an agent left
+running keeps running as long as it likes, with no one left to enforce its timeout.
 """
 
 from __future__ import annotations
