@@ -4,8 +4,8 @@ answers, it starts the command on the Keystone host (with `sh -c` in the spec's 
 Python that runs Keystone first on PATH, and none of the server's environment variables),
 waits until the probe answers 2xx, and keeps the server for the next executions of this
 process; it is stopped when the process exits, or, should the process be killed first, by the
-next Keystone process to start an agent (else the server would answer the next runs from the
-agent's code as it was then). A server that somebody else already runs on that URL is used
+next Keystone process on the host to run an agent with `agent.start` (else the server would
+answer the next runs from the agent's code as it was then). A server that somebody else already runs on that URL is used
 as it is.
 
 The command runs outside any sandbox, so it is allowed only for specs read from a directory
