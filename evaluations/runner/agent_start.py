@@ -158,7 +158,10 @@ def _stop_orphaned_servers() -> None:
             owner, pid, started = owners.read_own_file(owner_path).split()
             if not owners.ended(owner):
                 continue
-            if str(owners.start_time(int(pid))) == started:  # still that server
+            # Still that server: a record written after the server had already ended says
+            # "None", and the pid it names may since be a new process's.
+            running_since = owners.start_time(int(pid))
+            if running_since is not None and str(running_since) == started:
                 os.killpg(int(pid), signal.SIGKILL)
                 deadline = time.monotonic() + 10  # until its port is free for the next one
                 while owners.running(int(pid)) and time.monotonic() < deadline:

@@ -3,7 +3,9 @@ its ready URL, once per process, and says why when it cannot."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -166,3 +168,31 @@ def test_a_file_another_user_planted_names_no_process_to_kill(
         victim.kill()
         victim.wait()
         planted.unlink(missing_ok=True)
+
+
+def test_a_record_of_a_server_that_had_already_ended_names_no_process_to_kill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that ended before its record was written has no start time ("None"), and
+    nothing then tells its process group from a later one given the same number: the group
+    is not killed once the record's maker dies."""
+    group = subprocess.Popen(  # a group whose first process has ended: its number is free
+        ["sh", "-c", "sleep 60 & echo $!"], start_new_session=True, stdout=subprocess.PIPE
+    )
+    assert group.stdout is not None
+    member = int(group.stdout.readline())
+    group.wait()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    dead_owner = f"{owners.this_process().rpartition('/')[0]}/{ended.pid}"
+    record = Path(tempfile.gettempdir()) / "keystone-agent-ended-at-once.owner"
+    record.write_text(f"{dead_owner} {group.pid} None\n")
+    try:
+        monkeypatch.setattr(agent_start, "_looks", owners.Looks())
+        agent_start._stop_orphaned_servers()
+        assert owners.running(member)
+        assert not record.exists()  # the record itself is cleaned up
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # none left, if it was killed
+            os.killpg(group.pid, signal.SIGKILL)
+        record.unlink(missing_ok=True)
