@@ -370,12 +370,16 @@ def _record_dead_children(run_id: int, children: list[Any]) -> None:
 def _stop_what_dead_processes_left() -> None:
     """At once, for a process of `keystone run` that has seen another one die: kill what the
     agents of the processes that died left running (their commands' groups; their uids'
-    processes where there was no group), which no one else would stop before the next look
-    of a command on this host."""
-    from evaluations.runner import cgroups, local_uids
+    processes where there was no group; their containers), which no one else would stop
+    before the next look of a command on this host, then remove their workspaces."""
+    from django.conf import settings
+
+    from evaluations.runner import cgroups, local_uids, sandbox, workspace
 
     cgroups.kill_orphans()
     local_uids.release_dead_holders()
+    sandbox.remove_orphaned_containers_now()
+    workspace.remove_orphaned_workspaces(Path(settings.KEYSTONE_WORK_DIR))
 
 
 class _SharedWork:

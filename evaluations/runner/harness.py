@@ -125,6 +125,7 @@ def run_execution(
         source_dir=sandbox_conf.get("workspace"),
         files=sandbox_conf.get("files"),
         allow_outside_spec_dir=not config.confine_to_spec_dir,
+        keep=config.keep_workspace,
     )
     warnings.extend(sandbox.run_warnings(workspace))
     started = time.time()

@@ -1261,6 +1261,28 @@ def _remove_orphaned_containers(client: Any) -> None:
                 client.api.remove_container(container["Id"], force=True)
 
 
+def remove_orphaned_containers_now() -> None:
+    """At once, for a process of `keystone run` that has seen another one die: remove the
+    containers of the processes that died, rather than at the next look of a process that
+    starts one. Only where this process has imported the Docker SDK: it does for a run whose
+    sandbox is Docker (docker_missing, DockerSandbox), before it forks, and a process that
+    never needed it (most runs) does not pay for importing it."""
+    if "docker" not in sys.modules:
+        return
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.from_env(timeout=10)
+    except docker.errors.DockerException:  # no engine: none of its containers to remove
+        return
+    try:
+        _looks.forget()
+        _remove_orphaned_containers(client)
+    finally:
+        client.close()
+
+
 def _kill_container(container: Any) -> None:
     import docker.errors
     import requests.exceptions

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import fcntl
 import hashlib
+import logging
 import os
+import secrets
 import shutil
 import stat
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 from checks import safe_files
 from checks.artifact import FileChange
+from evaluations.runner import owners
+
+logger = logging.getLogger(__name__)
 
 # Keystone's own files inside a workspace (agent output, audit, trace); never part of the diff.
 KEYSTONE_DIR = ".keystone"
@@ -37,11 +45,17 @@ def create_workspace(
     source_dir: str | None = None,
     files: dict[str, str] | None = None,
     allow_outside_spec_dir: bool = True,
+    keep: bool = False,
 ) -> Path:
     """A fresh, unique directory under `root` holding the spec's `sandbox.workspace` copy
-    and `sandbox.files`, plus an empty `.keystone/` for Keystone's own files."""
+    and `sandbox.files`, plus an empty `.keystone/` for Keystone's own files. It is named
+    after this process (`ws-OWNER-...`), so that another process removes it should this one
+    die before it could; one to `keep` is named `kept-...` and never removed."""
     root.mkdir(parents=True, exist_ok=True)
-    workspace = Path(tempfile.mkdtemp(prefix="ws-", dir=root)).resolve()
+    if _looks.due(root):
+        remove_orphaned_workspaces(root)
+    prefix = "kept-" if keep else f"ws-{_OWNER.token(root)}-"
+    workspace = Path(tempfile.mkdtemp(prefix=prefix, dir=root)).resolve()
     try:
         if source_dir:
             # A spec file on the server may name a sibling directory (`../agents`): the
@@ -74,6 +88,114 @@ def create_workspace(
         remove_workspace(workspace)
         raise
     return workspace
+
+
+class _Owner:
+    """This process's name in each workspace root, `ws-TOKEN.lock`: a file it holds an
+    exclusive `flock` on for as long as it lives, and which names its workspaces
+    (`ws-TOKEN-...`). The kernel lets the lock go when the process dies, however it dies, so
+    a lock that can be taken is that of a process that died: unlike a pid, this holds across
+    PID namespaces and restarted containers sharing one root (docker-compose's workers share
+    KEYSTONE_HOME), and no later process can take a dead one's name."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held: dict[Path, tuple[str, int]] = {}  # root -> (token, the lock's descriptor)
+        # A forked child holds its parent's lock through the descriptor it inherits: it
+        # takes a name of its own, or its parent's death would go unseen while it lives.
+        os.register_at_fork(after_in_child=self._forget)
+
+    def token(self, root: Path) -> str:
+        with self._guard:
+            if root not in self._held:
+                self._held[root] = _hold_new_name(root)
+                atexit.register(self._let_go, root)
+            return self._held[root][0]
+
+    def _let_go(self, root: Path) -> None:
+        """At exit: the name's file goes, unless a workspace of this process is left (a
+        thread's execution cut short), for another process's look to remove with it."""
+        with self._guard:
+            held = self._held.pop(root, None)
+        if held is None:  # a forked child's copy of its parent's handler
+            return
+        token, fd = held
+        with contextlib.suppress(OSError):
+            if not any(name.startswith(f"ws-{token}-") for name in os.listdir(root)):
+                os.unlink(root / f"ws-{token}.lock")
+        os.close(fd)
+
+    def _forget(self) -> None:
+        for _token, fd in self._held.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._held = {}
+        self._guard = threading.Lock()
+
+
+def _hold_new_name(root: Path) -> tuple[str, int]:
+    while True:
+        token = secrets.token_hex(6)
+        path = root / f"ws-{token}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # Another process may have taken the new file for a dead one's, between its making
+        # and its locking, and removed it: then this lock guards nothing; another name.
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.lstat(path), os.fstat(fd)):
+                return token, fd
+        os.close(fd)
+
+
+_OWNER = _Owner()
+# When this process last looked for the workspaces of processes that died, per root.
+_looks = owners.Looks()
+
+
+def remove_orphaned_workspaces(root: Path) -> None:
+    """Remove the workspaces of every process that died (a SIGKILL, the OOM killer) before it
+    could remove them itself: those named after a lock no process holds any more. A lock is
+    removed last, once all its workspaces are gone; what could not be removed (an agent that
+    still writes in it) is tried again at the next look."""
+    try:
+        with os.scandir(root) as entries:
+            # Not through a link in a workspace's place: only directories are removed.
+            directories, locks = [], []
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    directories.append(entry.name)
+                elif entry.name.startswith("ws-") and entry.name.endswith(".lock"):
+                    locks.append(entry.name)
+    except OSError:
+        return
+    for lock in locks:
+        try:
+            fd = os.open(root / lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # removed meanwhile by another process's look
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its process lives
+            os.close(fd)
+            continue
+        try:
+            prefix = lock.removesuffix(".lock") + "-"
+            left = False
+            for name in directories:
+                if not name.startswith(prefix):
+                    continue
+                try:
+                    remove_workspace(root / name)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    logger.warning("could not remove %s", root / name, exc_info=True)
+                    left = True
+            if not left:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(root / lock)
+        finally:
+            os.close(fd)
 
 
 def _inside(base: Path, relative: str, *, what: str, allow_outside: bool = False) -> Path:

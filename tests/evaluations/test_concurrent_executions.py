@@ -362,8 +362,10 @@ def test_a_killed_execution_process_fails_the_run_at_once_and_says_so(tmp_path: 
     with sqlite3.connect(database) as db:
         errors = [e for (e,) in db.execute("SELECT error FROM evaluations_execution")]
     assert errors.count("the process running it ended with exit code -9") == 1, errors
-    # Its agent, which no one was left to stop, did not run on for its 120 s.
+    # Its agent, which no one was left to stop, did not run on for its 120 s, and its
+    # workspace, which no one was left to remove, is gone too.
     assert not [pid for pid in its_agents if _alive(pid)]
+    assert _workspaces_left(database) == []
 
 
 @pytest.mark.embedded
@@ -390,6 +392,12 @@ def test_a_forked_process_whose_command_was_killed_cancels_the_run_and_ends(
     assert status == "cancelled"
     # The killed command's own execution is left to its lease; none is the forked process's.
     assert running == [(f"cli:{process.pid}",)], running
+    assert _workspaces_left(database) == []  # the command's, removed by its forked process
+
+
+def _workspaces_left(database: Path) -> list[str]:
+    """The workspaces left in the home of the run whose database is `database`."""
+    return [p.name for p in (database.parent / "work").glob("ws-*") if p.is_dir()]
 
 
 def _agents_started_by(pid: int, count: int = 1) -> list[int]:

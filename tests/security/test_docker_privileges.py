@@ -95,3 +95,27 @@ def test_the_containers_of_a_process_that_died_are_removed_by_the_next_command(
         for container in (orphan, kept, elsewhere):
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove(force=True)
+
+
+def test_keystone_run_removes_a_dead_processs_containers_at_once(
+    sandbox: DockerSandbox, tmp_path: Path
+) -> None:
+    """A process of `keystone run` that sees another die removes its containers then, not at
+    the next look of a process that starts a container (up to 30 s later, or never if none
+    does)."""
+    import docker.errors
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    here = owners.this_process().rpartition("/")[0]
+    _attack(sandbox, tmp_path, "true")  # this process has looked: the next look is not due
+    orphan = sandbox.client.containers.run(
+        IMAGE, ["sleep", "60"], labels={OWNER_LABEL: f"{here}/{ended.pid}"}, detach=True
+    )
+    try:
+        sandbox_module.remove_orphaned_containers_now()
+        with pytest.raises(docker.errors.NotFound):
+            orphan.reload()
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            orphan.remove(force=True)

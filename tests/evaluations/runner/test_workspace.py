@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from checks.artifact import RunArtifact
 from checks.forbidden import evaluate_forbidden
+from evaluations.runner import workspace as ws
 from evaluations.runner.workspace import (
     WorkspaceError,
     create_workspace,
@@ -16,6 +22,13 @@ from evaluations.runner.workspace import (
     remove_workspace,
     snapshot,
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _workspaces_in(root: Path) -> list[Path]:
+    """What `root` holds but the lock file naming this process (`ws-TOKEN.lock`)."""
+    return [p for p in root.iterdir() if not p.name.endswith(".lock")]
 
 
 @pytest.fixture
@@ -61,7 +74,7 @@ def test_inline_files_may_not_leave_the_workspace(tmp_path: Path, spec_dir: Path
     with pytest.raises(WorkspaceError, match="leaves"):
         create_workspace(tmp_path / "root", spec_dir=spec_dir, files={"../escaped.txt": "x"})
     assert not (tmp_path / "root" / "escaped.txt").exists()
-    assert list((tmp_path / "root").iterdir()) == []  # the half-made workspace is removed
+    assert _workspaces_in(tmp_path / "root") == []  # the half-made workspace is removed
 
 
 def test_missing_source_directory_is_a_clear_error(tmp_path: Path, spec_dir: Path) -> None:
@@ -137,7 +150,7 @@ def test_remove_workspace_deletes_one_the_agent_left_as_it_was_made(
     workspace = create_workspace(tmp_path / "root", spec_dir=spec_dir)
     remove_workspace(workspace)
     assert not workspace.exists()
-    assert list((tmp_path / "root").iterdir()) == []
+    assert _workspaces_in(tmp_path / "root") == []
 
 
 def test_remove_workspace_deletes_what_the_agent_put_in_keystones_directory_or_beside_it(
@@ -201,7 +214,7 @@ def test_remove_workspace_removes_keystones_own_entries_by_name(
     (own / "home" / ".bash_history").write_text("ls\n")  # the agent's, in its HOME
     remove_workspace(added)
     assert not added.exists()
-    assert list((tmp_path / "root").iterdir()) == []
+    assert _workspaces_in(tmp_path / "root") == []
 
 
 def test_remove_workspace_never_follows_a_link_in_place_of_keystones_entries(
@@ -242,3 +255,107 @@ def test_file_writes_outside_sees_a_deleted_file(tmp_path: Path, spec_dir: Path)
         ("file_writes_outside", "README.md", "removed")
     ]
     assert violations[0]["message"] == "deleted 'README.md' outside ['src/*']"
+
+
+# Makes a workspace in ROOT (kept, with "keep"), prints its pid and the workspace, then
+# waits to be killed; with "fork", a forked child makes one too, and only it prints.
+MAKER = """
+import os, sys, time
+from pathlib import Path
+from evaluations.runner.workspace import create_workspace, remove_workspace
+root, how = Path(sys.argv[1]), sys.argv[2]
+made = create_workspace(root, spec_dir=root, keep=how == "keep")
+if how != "fork":
+    print(os.getpid(), made, flush=True)
+elif os.fork() == 0:
+    print(os.getpid(), create_workspace(root, spec_dir=root), flush=True)
+if how == "exit":
+    remove_workspace(made)
+    sys.exit(0)
+time.sleep(600)
+"""
+
+
+def _maker(root: Path, how: str) -> tuple[subprocess.Popen[str], int, Path]:
+    """A process that made a workspace in `root`: the process, the pid of the one that
+    made it (with "fork", the forked child), the workspace."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", MAKER, str(root), how],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    pid, _, made = process.stdout.readline().strip().partition(" ")
+    return process, int(pid), Path(made)
+
+
+def test_the_workspaces_of_a_process_that_was_killed_are_removed_by_the_next_one(
+    tmp_path: Path, spec_dir: Path
+) -> None:
+    """A worker or `keystone run` process killed mid-execution (kill -9, the OOM killer)
+    left its workspace under KEYSTONE_WORK_DIR for good, copies of the fixtures and all the
+    agent wrote: nothing removed it. Now the next process to make a workspace there does,
+    and leaves the workspaces of the living and the kept ones."""
+    root = tmp_path / "root"
+    killed, _, orphaned = _maker(root, "wait")
+    living, _, in_use = _maker(root, "wait")
+    kept_by_the_dead, _, kept = _maker(root, "keep")
+    (orphaned / "written-by-the-agent.txt").write_text("x")
+    os.chmod(orphaned, 0o500)  # what an agent left read-only goes too
+    try:
+        for process in (killed, kept_by_the_dead):
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        # A link in a workspace's place (the agent's, run as the worker's user): not followed.
+        outside = tmp_path / "outside"
+        (outside / ".keystone").mkdir(parents=True)
+        (outside / ".keystone" / "prompt.txt").write_text("not Keystone's")
+        planted = root / (orphaned.name.rpartition("-")[0] + "-planted")
+        planted.symlink_to(outside)
+        ws._looks.forget()  # this test process may have looked at another root lately
+        mine = create_workspace(root, spec_dir=spec_dir)
+        assert not orphaned.exists()
+        assert (outside / ".keystone" / "prompt.txt").exists()
+        assert in_use.is_dir() and kept.is_dir() and mine.is_dir()
+        # The dead process's name is gone with its workspace; the living ones' stay.
+        assert len([p for p in root.iterdir() if p.name.endswith(".lock")]) == 2
+    finally:
+        living.kill()
+        living.wait()
+
+
+def test_a_forked_process_has_a_name_of_its_own(tmp_path: Path) -> None:
+    """A forked process (`keystone run`'s, a Celery pool's) holds its parent's lock through
+    the descriptor it inherits: with the parent's name, its workspaces would outlive it for
+    as long as the parent lives."""
+    root = tmp_path / "root"
+    parent, child, made_by_the_child = _maker(root, "fork")
+    try:
+        own = set(_workspaces_in(root)) - {made_by_the_child}
+        os.kill(child, signal.SIGKILL)
+        while not _ended(child):  # a signal is delivered after kill() returns
+            time.sleep(0.01)
+        ws.remove_orphaned_workspaces(root)
+        assert not made_by_the_child.exists()
+        assert set(_workspaces_in(root)) == own  # the parent's stays
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_process_that_ends_leaves_nothing_in_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    process, _, made = _maker(root, "exit")
+    assert process.wait(timeout=30) == 0
+    assert not made.exists()
+    assert list(root.iterdir()) == []
