@@ -137,7 +137,12 @@ def _hold_new_name(root: Path) -> tuple[str, int]:
     while True:
         token = secrets.token_hex(6)
         path = root / f"ws-{token}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(
+                path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+        except FileExistsError:  # another process's name (one chance in 2^48)
+            continue
         fcntl.flock(fd, fcntl.LOCK_EX)
         # Another process may have taken the new file for a dead one's, between its making
         # and its locking, and removed it: then this lock guards nothing; another name.
