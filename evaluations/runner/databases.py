@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
+import os
 import re
 import secrets
 import shutil
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from evaluations.runner import owners
 from evaluations.runner.http_mock import ServiceTypeError
 
 # The database drivers are imported where a service of their kind is used: most specs
@@ -29,6 +32,8 @@ from evaluations.runner.http_mock import ServiceTypeError
 if TYPE_CHECKING:
     import psycopg
     import pymysql  # type: ignore[import-untyped, unused-ignore]  # no types-PyMySQL stubs
+
+logger = logging.getLogger(__name__)
 
 DATABASE_TYPES = ("postgres", "mysql", "sqlite")
 MAX_NAME_LENGTH = 63  # PostgreSQL's identifier limit (MySQL allows 64)
@@ -53,8 +58,8 @@ class TableState:
 
 def database_name(execution_key: str, service_name: str, *, now: float | None = None) -> str:
     """`ks_<execution>_<service>_<created><random>`: readable in `\\l`, unique even when two
-    workers run the same execution key, at most 63 characters. The creation time in the name
-    lets `sweep_stale_databases` find what a killed worker left behind."""
+    workers run the same execution key, at most 63 characters. Only names of this shape are
+    ever dropped by `drop_orphaned_databases` (a server may hold others' databases)."""
     suffix = _base36(int(time.time() if now is None else now)).rjust(7, "0") + secrets.token_hex(3)
     key = _sanitise(execution_key)
     service = _sanitise(service_name)[:16]
@@ -78,6 +83,10 @@ def database_created_at(name: str) -> float | None:
     """When a database named by `database_name` was created; None for any other name."""
     match = _NAME.match(name)
     return float(int(match.group(1), 36)) if match else None
+
+
+def _named_by_keystone(name: str) -> bool:
+    return database_created_at(name) is not None
 
 
 def _sanitise(text: str) -> str:
@@ -184,6 +193,7 @@ class _ServerDatabaseService(DatabaseService):
         self.password = secrets.token_urlsafe(18)
         self._parts = urlsplit(server_url)
         self._conn: _Closable | None = None  # each server type narrows it to its driver's
+        self._held = False  # this process's lock on the database is taken (_hold)
 
     @staticmethod
     def user_for(database: str) -> str:
@@ -205,10 +215,45 @@ class _ServerDatabaseService(DatabaseService):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        if not self.created:
-            return
-        self.drop()
-        self.created = False
+        if self.created:
+            self.drop()
+            self.created = False
+        if self._held:
+            _KEEPERS.let_go(self)
+            self._held = False
+
+    def _hold(self) -> None:
+        """Before the database and its login are made: this process's lock on them, which
+        tells every other process that they are in use (drop_orphaned_databases); and, at
+        this process's first database on the server and every owners.LOOK_SECONDS after, the
+        databases of processes that died dropped."""
+        if _looks.due((self.type, self.server_url)):
+            try:
+                _drop_orphaned(self.type, self.server_url)
+            except Exception:  # noqa: BLE001 - another's leftovers never fail this execution
+                logger.warning("could not drop the orphaned databases", exc_info=True)
+        _KEEPERS.hold(self)
+        self._held = True
+
+    @property
+    def lock_name(self) -> str:
+        """What this database's lock is named on its server: its login's name, which is
+        unique to it (made, like it, from its creation time and a random part)."""
+        return self.user
+
+    @staticmethod
+    @abstractmethod
+    def take_lock(session: Any, name: str, *, wait: bool) -> bool:
+        """Take the server's lock `name` in `session`: waiting for it, or only if no other
+        session holds it now (False if one does)."""
+
+    @staticmethod
+    @abstractmethod
+    def release_lock(session: Any, name: str) -> None: ...
+
+    @abstractmethod
+    def keeper_session(self) -> Any:
+        """A new admin session to hold this process's locks on the server, for its life."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -247,10 +292,26 @@ class PostgresService(_ServerDatabaseService):
 
         return psycopg.connect(self.server_url, autocommit=True, connect_timeout=10)
 
+    @staticmethod
+    def take_lock(session: Any, name: str, *, wait: bool) -> bool:
+        key = _postgres_lock_key(name)
+        if wait:
+            session.execute("SELECT pg_advisory_lock(%s)", (key,))
+            return True
+        return bool(session.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
+
+    @staticmethod
+    def release_lock(session: Any, name: str) -> None:
+        session.execute("SELECT pg_advisory_unlock(%s)", (_postgres_lock_key(name),))
+
+    def keeper_session(self) -> psycopg.Connection[tuple[Any, ...]]:
+        return self._admin_connection()
+
     def start(self) -> None:
         from psycopg import sql as pgsql
 
         role, database = pgsql.Identifier(self.user), pgsql.Identifier(self.database)
+        self._hold()
         with self._admin_connection() as admin:
             admin.execute(
                 pgsql.SQL(
@@ -347,7 +408,31 @@ class MysqlService(_ServerDatabaseService):
             client_flag=CLIENT.MULTI_STATEMENTS if multi else 0,
         )
 
+    @staticmethod
+    def take_lock(session: Any, name: str, *, wait: bool) -> bool:
+        with session.cursor() as cursor:
+            # A name no other session asks for but the sweep, for as long as one look takes.
+            cursor.execute("SELECT GET_LOCK(%s, %s)", (name, 60 if wait else 0))
+            taken = cursor.fetchone()[0] == 1
+        if wait and not taken:
+            raise RuntimeError(f"the server's lock {name} is held by another session")
+        return taken
+
+    @staticmethod
+    def release_lock(session: Any, name: str) -> None:
+        with session.cursor() as cursor:
+            cursor.execute("SELECT RELEASE_LOCK(%s)", (name,))
+
+    def keeper_session(self) -> pymysql.connections.Connection[Any]:
+        session = self._connect(None)
+        with session.cursor() as cursor:
+            # Idle between executions for as long as it likes: the server's default
+            # (8 hours) would end it, and its locks with it.
+            cursor.execute("SET SESSION wait_timeout = 31536000")
+        return session
+
     def start(self) -> None:
+        self._hold()
         admin = self._connect(None)
         try:
             with admin.cursor() as cursor:
@@ -544,55 +629,149 @@ def load_seed(service: dict[str, Any], spec_dir: Path) -> Seed:
     return seed
 
 
-def sweep_stale_databases(
-    *, postgres_url: str | None, mysql_url: str | None, older_than: float
-) -> list[str]:
-    """Drop the per-execution databases created more than `older_than` seconds ago: what a
-    worker killed mid-execution could not drop itself. Call it periodically with an age well
-    above the longest execution. Returns the names dropped."""
-    import psycopg
-    from psycopg import sql as pgsql
+# --- What a process killed mid-execution leaves on the servers ---------------------------
 
-    limit = time.time() - older_than
+
+def _postgres_lock_key(name: str) -> int:
+    """The advisory lock (a signed 64-bit key) that stands for a database and its role."""
+    digest = hashlib.blake2b(name.encode(), digest_size=8, person=b"keystone-db").digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class _Keepers:
+    """One admin session per server and process, kept for the process's life, holding a lock
+    for each database this process has on that server (PostgreSQL: an advisory lock, MySQL:
+    GET_LOCK). The server lets a session's locks go when the session ends, however its
+    process ended and on whichever host it ran: a database of Keystone's whose lock another
+    session can take is one that its process could not drop before it died
+    (drop_orphaned_databases)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._sessions: dict[tuple[str, str], Any] = {}  # (type, server url) -> session
+        self._names: dict[tuple[str, str], set[str]] = {}  # the locks each one holds
+        # A forked child must not use its parent's sessions, nor end them (that would let
+        # the parent's locks go): it keeps them, unused, and opens its own.
+        self._inherited: list[Any] = []
+        os.register_at_fork(after_in_child=self._forget)
+
+    def hold(self, service: _ServerDatabaseService) -> None:
+        place = (service.type, service.server_url)
+        with self._guard:
+            names = self._names.setdefault(place, set())
+            names.add(service.lock_name)
+            session = self._sessions.get(place)
+            if session is not None:
+                try:
+                    service.take_lock(session, service.lock_name, wait=True)
+                    return
+                except Exception:  # noqa: BLE001 - the session ended (a restart, a timeout)
+                    logger.warning("the session holding this process's database locks ended")
+                    with contextlib.suppress(Exception):
+                        session.close()
+            # A new session takes every lock again: those the ended one held went with it.
+            session = self._sessions[place] = service.keeper_session()
+            for name in sorted(names):
+                service.take_lock(session, name, wait=True)
+
+    def let_go(self, service: _ServerDatabaseService) -> None:
+        place = (service.type, service.server_url)
+        with self._guard:
+            self._names.get(place, set()).discard(service.lock_name)
+            session = self._sessions.get(place)
+            if session is None:
+                return
+            try:
+                service.release_lock(session, service.lock_name)
+            except Exception:  # noqa: BLE001 - the session ended, and the lock with it
+                self._sessions.pop(place, None)
+
+    def _forget(self) -> None:
+        self._inherited.extend(self._sessions.values())
+        self._sessions = {}
+        self._names = {}
+        self._guard = threading.Lock()
+
+
+_KEEPERS = _Keepers()
+# When this process last looked for the databases of processes that died, per server.
+_looks = owners.Looks()
+
+
+def drop_orphaned_databases(*, postgres_url: str | None, mysql_url: str | None) -> list[str]:
+    """Drop the per-execution databases, and their logins, of every process that died (a
+    SIGKILL, the OOM killer, a host lost) before it could: those whose lock no session
+    holds. Only names of Keystone's shape (`database_name`): a server may hold others'
+    databases. Returns the names dropped."""
     dropped: list[str] = []
-
-    def stale(names: list[str]) -> list[str]:
-        return [
-            n for n in names if (created := database_created_at(n)) is not None and created < limit
-        ]
-
     if postgres_url:
-        with psycopg.connect(postgres_url, autocommit=True, connect_timeout=10) as admin:
-            names = [
-                str(row[0])
-                for row in admin.execute(
-                    "SELECT datname FROM pg_database WHERE datname LIKE 'ks\\_%'"
-                ).fetchall()
-            ]
-            for name in stale(names):
-                _drop_postgres_database(admin, name)
-                dropped.append(name)
-            # A role whose database was never created (the worker died in between).
-            roles = admin.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'ks\\_%'")
-            for name in stale([str(row[0]) for row in roles.fetchall()]):
-                admin.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(pgsql.Identifier(name)))
+        dropped += _drop_orphaned("postgres", postgres_url)
     if mysql_url:
-        probe = MysqlService("sweep", Seed(), server_url=mysql_url, database="")
-        conn = probe._connect(None)
-        try:
-            with conn.cursor() as cursor:
-                cursor.execute("SHOW DATABASES LIKE 'ks\\_%'")
-                names = [str(row[0]) for row in cursor.fetchall()]
-            for name in stale(names):
-                # Same path as a normal exit: end leftover sessions, then drop.
-                MysqlService("sweep", Seed(), server_url=mysql_url, database=name).drop()
-                dropped.append(name)
-            with conn.cursor() as cursor:
-                cursor.execute("SELECT DISTINCT user FROM mysql.user WHERE user LIKE 'ks\\_u\\_%'")
-                users = [str(row[0]) for row in cursor.fetchall()]
-                for user in stale(users):
+        dropped += _drop_orphaned("mysql", mysql_url)
+    return dropped
+
+
+def _drop_orphaned(kind: str, server_url: str) -> list[str]:
+    if kind == "postgres":
+        return _drop_orphaned_postgres(server_url)
+    return _drop_orphaned_mysql(server_url)
+
+
+def _drop_orphaned_postgres(server_url: str) -> list[str]:
+    import psycopg
+
+    dropped: list[str] = []
+    with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as admin:
+        # With the roles: one whose database was never made (its process died in between).
+        names = admin.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'ks\\_%'"
+            " UNION SELECT rolname FROM pg_roles WHERE rolname LIKE 'ks\\_%'"
+        ).fetchall()
+        for name in sorted(str(row[0]) for row in names if _named_by_keystone(str(row[0]))):
+            if not PostgresService.take_lock(admin, name, wait=False):
+                continue  # its process lives
+            try:
+                _drop_postgres_database(admin, name)
+            finally:
+                PostgresService.release_lock(admin, name)
+            dropped.append(name)
+    return dropped
+
+
+_MYSQL_USER = re.compile(r"^ks_u_[0-9a-z]{7}[0-9a-f]{6}$")
+
+
+def _drop_orphaned_mysql(server_url: str) -> list[str]:
+    dropped: list[str] = []
+    admin = MysqlService("sweep", Seed(), server_url=server_url, database="")._connect(None)
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute("SHOW DATABASES LIKE 'ks\\_%'")
+            databases = sorted(str(row[0]) for row in cursor.fetchall())
+            cursor.execute("SELECT DISTINCT user FROM mysql.user WHERE user LIKE 'ks\\_u\\_%'")
+            users = {str(row[0]) for row in cursor.fetchall()}
+        for name in filter(_named_by_keystone, databases):
+            lock = MysqlService.user_for(name)
+            if not MysqlService.take_lock(admin, lock, wait=False):
+                users.discard(lock)
+                continue  # its process lives
+            try:
+                # Its process's own path: end the sessions left, drop it and its login.
+                MysqlService("sweep", Seed(), server_url=server_url, database=name).drop()
+            finally:
+                MysqlService.release_lock(admin, lock)
+            users.discard(lock)
+            dropped.append(name)
+        # A login whose database was never made (its process died in between).
+        for user in sorted(filter(_MYSQL_USER.match, users)):
+            if not MysqlService.take_lock(admin, user, wait=False):
+                continue
+            try:
+                with admin.cursor() as cursor:
                     for host in _MYSQL_USER_HOSTS:
                         cursor.execute("DROP USER IF EXISTS %s@%s", (user, host))
-        finally:
-            conn.close()
+            finally:
+                MysqlService.release_lock(admin, user)
+    finally:
+        admin.close()
     return dropped

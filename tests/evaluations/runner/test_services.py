@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -21,11 +22,13 @@ from checks.engine import evaluate_invariant
 from checks.forbidden import evaluate_forbidden
 from checks.results import FailureCode
 from checks.spec.model import Invariant
-from evaluations.runner.databases import database_created_at, database_name, sweep_stale_databases
+from evaluations.runner import databases
+from evaluations.runner.databases import MysqlService, database_name, drop_orphaned_databases
 from evaluations.runner.services import ServiceError, ServiceSet, env_prefix
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 MYSQL_URL = "mysql://root@127.0.0.1:3306/"
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 SPEC_SERVICES: list[dict[str, Any]] = [
     {
@@ -259,25 +262,120 @@ def test_audit_feeds_the_forbidden_rules(tmp_path: Path) -> None:
     assert "customers" in violations[0]["message"]
 
 
-def test_stale_databases_left_by_a_killed_worker_are_swept(tmp_path: Path) -> None:
-    key = "sweep" + uuid.uuid4().hex[:8]
-    old = database_name(key, "db", now=time.time() - 2 * 86400)
-    assert database_created_at(old) == pytest.approx(time.time() - 2 * 86400, abs=2)
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{old}"')
+# Makes a database on each server, as an execution does, prints their names, then waits to
+# be killed; with "fork", a forked child of it ends first (its copy of the sessions must not
+# end the parent's, whose locks would go with them).
+HOLDER = f"""
+import os, sys, time
+from evaluations.runner.databases import MysqlService, PostgresService, Seed, database_name
+key = sys.argv[1]
+services = [
+    PostgresService("db", Seed(), server_url="{PG_URL}", database=database_name(key, "db")),
+    MysqlService("db", Seed(), server_url="{MYSQL_URL}", database=database_name(key, "db")),
+]
+for service in services:
+    service.start()
+if sys.argv[2] == "fork":
+    if os.fork() == 0:
+        sys.exit(0)
+    os.wait()
+print(" ".join(service.database for service in services), flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(key: str, how: str) -> tuple[subprocess.Popen[str], list[str]]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, key, how],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    return process, process.stdout.readline().split()
+
+
+def _mysql(statement: str, *args: str) -> tuple[Any, ...]:
     mysql = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
-    with mysql.cursor() as cursor:
-        cursor.execute(f"CREATE DATABASE `{old}`")
     try:
-        with _service_set([{"name": "db", "type": "postgres"}], tmp_path, key) as live:
-            dropped = sweep_stale_databases(
-                postgres_url=PG_URL, mysql_url=MYSQL_URL, older_than=3600
-            )
-            assert dropped.count(old) == 2  # once on each server
-            assert live.handles["db"].query("SELECT 1") == [(1,)]  # the fresh one survives
-            with mysql.cursor() as cursor:
-                cursor.execute("SHOW DATABASES LIKE %s", (f"%{key}%",))
-                assert cursor.fetchall() == ()
+        with mysql.cursor() as cursor:
+            cursor.execute(statement, args or None)
+            return tuple(cursor.fetchall())
     finally:
         mysql.close()
-    assert database_created_at("ks_someone_elses") is None
+
+
+def _on_the_servers(key: str) -> list[str]:
+    """The databases and logins named after `key` on both servers, and the MySQL logins of
+    those databases."""
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        found = [
+            f"pg:{kind}:{name}"
+            for kind, name in admin.execute(
+                "SELECT 'db', datname FROM pg_database WHERE datname LIKE %s"
+                " UNION SELECT 'role', rolname FROM pg_roles WHERE rolname LIKE %s",
+                (f"%{key}%", f"%{key}%"),
+            ).fetchall()
+        ]
+    databases = [str(row[0]) for row in _mysql("SHOW DATABASES LIKE %s", f"%{key}%")]
+    users = {str(row[0]) for row in _mysql("SELECT user FROM mysql.user")}
+    found += [f"mysql:db:{name}" for name in databases]
+    found += [f"mysql:user:{name}" for name in databases if "ks_u_" + name[-13:] in users]
+    return sorted(found)
+
+
+def _names_of(live: ServiceSet) -> set[str]:
+    return {handle.database for handle in live.handles.values()}
+
+
+def test_the_databases_of_a_process_that_was_killed_are_dropped(tmp_path: Path) -> None:
+    """A worker killed mid-execution (kill -9, the OOM killer) left its databases and logins
+    on the shared servers for good: the sweep meant for them was never called, and it went by
+    age, which would have dropped a long execution's database under it. Each process now
+    holds a lock per database in a session of its own, which the server lets go when the
+    process dies; the next process to make a database drops those whose lock is free, and
+    only those of Keystone's naming."""
+    dead_key, live_key, own_key = ("held" + uuid.uuid4().hex[:8] for _ in range(3))
+    killed, killed_databases = _holder(dead_key, "wait")
+    living, living_databases = _holder(live_key, "fork")
+    # A role and a MySQL login whose database was never made: their process died between.
+    half_made = database_name(dead_key, "half")
+    half_made_login = MysqlService.user_for(half_made)
+    foreign = "ks_someone_elses_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{half_made}"')
+        admin.execute(f'CREATE DATABASE "{foreign}"')
+    _mysql(f"CREATE USER '{half_made_login}'@'%'")
+    try:
+        assert len(_on_the_servers(dead_key)) == 5  # two databases, two logins, the role
+        killed.kill()
+        killed.wait()
+        # This test process may have made databases in the last 30 s: its next look is due.
+        databases._looks.forget()
+        own = [{"name": "db", "type": "postgres"}, {"name": "my", "type": "mysql"}]
+        with _service_set(own, tmp_path, own_key) as live:
+            # Its first database on each server dropped the killed process's.
+            assert _on_the_servers(dead_key) == []
+            assert _mysql("SELECT user FROM mysql.user WHERE user = %s", half_made_login) == ()
+            assert len(_on_the_servers(live_key)) == 4
+            dropped = drop_orphaned_databases(postgres_url=PG_URL, mysql_url=MYSQL_URL)
+            assert not set(dropped) & {*living_databases, *_names_of(live)}
+            assert live.handles["db"].query("SELECT 1") == [(1,)]
+            assert live.handles["my"].query("SELECT 1") == [(1,)]
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            assert admin.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (foreign,)
+            ).fetchall() == [(1,)]
+        living.kill()
+        living.wait()
+        dropped = drop_orphaned_databases(postgres_url=PG_URL, mysql_url=MYSQL_URL)
+        assert set(living_databases) <= set(dropped)
+        assert _on_the_servers(live_key) == []
+    finally:
+        for process in (killed, living):
+            process.kill()
+            process.wait()
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{foreign}"')
+            admin.execute(f'DROP ROLE IF EXISTS "{half_made}"')
+        _mysql(f"DROP USER IF EXISTS '{half_made_login}'@'%'")
