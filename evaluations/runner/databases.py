@@ -659,20 +659,28 @@ class _Keepers:
         place = (service.type, service.server_url)
         with self._guard:
             names = self._names.setdefault(place, set())
-            names.add(service.lock_name)
-            session = self._sessions.get(place)
+            session = self._sessions.pop(place, None)
             if session is not None:
                 try:
                     service.take_lock(session, service.lock_name, wait=True)
+                    self._sessions[place] = session
+                    names.add(service.lock_name)
                     return
                 except Exception:  # noqa: BLE001 - the session ended (a restart, a timeout)
                     logger.warning("the session holding this process's database locks ended")
                     with contextlib.suppress(Exception):
                         session.close()
             # A new session takes every lock again: those the ended one held went with it.
-            session = self._sessions[place] = service.keeper_session()
-            for name in sorted(names):
-                service.take_lock(session, name, wait=True)
+            session = service.keeper_session()
+            try:
+                for name in sorted(names | {service.lock_name}):
+                    service.take_lock(session, name, wait=True)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    session.close()
+                raise
+            self._sessions[place] = session
+            names.add(service.lock_name)
 
     def let_go(self, service: _ServerDatabaseService) -> None:
         place = (service.type, service.server_url)

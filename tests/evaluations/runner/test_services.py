@@ -23,7 +23,13 @@ from checks.forbidden import evaluate_forbidden
 from checks.results import FailureCode
 from checks.spec.model import Invariant
 from evaluations.runner import databases
-from evaluations.runner.databases import MysqlService, database_name, drop_orphaned_databases
+from evaluations.runner.databases import (
+    MysqlService,
+    PostgresService,
+    Seed,
+    database_name,
+    drop_orphaned_databases,
+)
 from evaluations.runner.services import ServiceError, ServiceSet, env_prefix
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -379,3 +385,26 @@ def test_the_databases_of_a_process_that_was_killed_are_dropped(tmp_path: Path) 
             admin.execute(f'DROP DATABASE IF EXISTS "{foreign}"')
             admin.execute(f'DROP ROLE IF EXISTS "{half_made}"')
         _mysql(f"DROP USER IF EXISTS '{half_made_login}'@'%'")
+
+
+def test_a_process_whose_lock_session_ended_takes_its_locks_again(tmp_path: Path) -> None:
+    """The server ended the session holding this process's locks (a restart, an operator's
+    pg_terminate_backend): the locks went with it, and another process would have dropped
+    this one's databases in use. The next database takes them all again, in a new session."""
+    key = "again" + uuid.uuid4().hex[:8]
+    first = PostgresService("db", Seed(), server_url=PG_URL, database=database_name(key, "a"))
+    second = PostgresService("db", Seed(), server_url=PG_URL, database=database_name(key, "b"))
+    try:
+        first.start()
+        keeper = databases._KEEPERS._sessions[("postgres", PG_URL)]
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (keeper.info.backend_pid,))
+        second.start()
+        assert not set(drop_orphaned_databases(postgres_url=PG_URL, mysql_url=None)) & {
+            first.database,
+            second.database,
+        }
+        assert first.query("SELECT 1") == [(1,)] and second.query("SELECT 1") == [(1,)]
+    finally:
+        first.stop()
+        second.stop()
