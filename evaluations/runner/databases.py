@@ -76,17 +76,11 @@ def _base36(number: int) -> str:
             return digits
 
 
-_NAME = re.compile(r"^ks_.+_([0-9a-z]{7})[0-9a-f]{6}$")
-
-
-def database_created_at(name: str) -> float | None:
-    """When a database named by `database_name` was created; None for any other name."""
-    match = _NAME.match(name)
-    return float(int(match.group(1), 36)) if match else None
-
-
-def _named_by_keystone(name: str) -> bool:
-    return database_created_at(name) is not None
+# The names `database_name` makes, and MySQL's logins made from them (`user_for`): the
+# unique suffix is the creation time in base 36 and a random part.
+_UNIQUE = r"[0-9a-z]{7}[0-9a-f]{6}"
+_DATABASE_NAME = re.compile(rf"^ks_.+_{_UNIQUE}$")
+_MYSQL_USER = re.compile(rf"^ks_u_{_UNIQUE}$")
 
 
 def _sanitise(text: str) -> str:
@@ -229,7 +223,7 @@ class _ServerDatabaseService(DatabaseService):
         databases of processes that died dropped."""
         if _looks.due((self.type, self.server_url)):
             try:
-                _drop_orphaned(self.type, self.server_url)
+                self.drop_orphaned(self.server_url)
             except Exception:  # noqa: BLE001 - another's leftovers never fail this execution
                 logger.warning("could not drop the orphaned databases", exc_info=True)
         _KEEPERS.hold(self)
@@ -254,6 +248,13 @@ class _ServerDatabaseService(DatabaseService):
     @abstractmethod
     def keeper_session(self) -> Any:
         """A new admin session to hold this process's locks on the server, for its life."""
+
+    @staticmethod
+    @abstractmethod
+    def drop_orphaned(server_url: str) -> list[str]:
+        """Drop the databases and logins on the server, of Keystone's naming, whose lock no
+        session holds: their process died before it could drop them. Returns the databases
+        (PostgreSQL: and roles) dropped."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -306,6 +307,27 @@ class PostgresService(_ServerDatabaseService):
 
     def keeper_session(self) -> psycopg.Connection[tuple[Any, ...]]:
         return self._admin_connection()
+
+    @staticmethod
+    def drop_orphaned(server_url: str) -> list[str]:
+        import psycopg
+
+        dropped: list[str] = []
+        with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as admin:
+            # With the roles: one whose database was never made (its process died in between).
+            names = admin.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'ks\\_%'"
+                " UNION SELECT rolname FROM pg_roles WHERE rolname LIKE 'ks\\_%'"
+            ).fetchall()
+            for name in sorted(str(row[0]) for row in names if _DATABASE_NAME.match(str(row[0]))):
+                if not PostgresService.take_lock(admin, name, wait=False):
+                    continue  # its process lives
+                try:
+                    _drop_postgres_database(admin, name)
+                finally:
+                    PostgresService.release_lock(admin, name)
+                dropped.append(name)
+        return dropped
 
     def start(self) -> None:
         from psycopg import sql as pgsql
@@ -385,7 +407,7 @@ class MysqlService(_ServerDatabaseService):
     @staticmethod
     def user_for(database: str) -> str:
         # MySQL allows 32 characters in a user name: `ks_u_` and the database's unique suffix
-        # (creation time and random), which `database_created_at` still reads for the sweep.
+        # (creation time and random), which also names the database's lock (`lock_name`).
         return "ks_u_" + database[-13:]
 
     def _connect(
@@ -430,6 +452,41 @@ class MysqlService(_ServerDatabaseService):
             # (8 hours) would end it, and its locks with it.
             cursor.execute("SET SESSION wait_timeout = 31536000")
         return session
+
+    @staticmethod
+    def drop_orphaned(server_url: str) -> list[str]:
+        dropped: list[str] = []
+        admin = MysqlService("sweep", Seed(), server_url=server_url, database="")._connect(None)
+        try:
+            with admin.cursor() as cursor:
+                cursor.execute("SHOW DATABASES LIKE 'ks\\_%'")
+                databases = sorted(str(row[0]) for row in cursor.fetchall())
+                cursor.execute("SELECT DISTINCT user FROM mysql.user WHERE user LIKE 'ks\\_u\\_%'")
+                users = {str(row[0]) for row in cursor.fetchall()}
+            for name in filter(_DATABASE_NAME.match, databases):
+                lock = MysqlService.user_for(name)
+                users.discard(lock)  # dropped with its database, or in use with it
+                if not MysqlService.take_lock(admin, lock, wait=False):
+                    continue  # its process lives
+                try:
+                    # Its process's own path: end the sessions left, drop it and its login.
+                    MysqlService("sweep", Seed(), server_url=server_url, database=name).drop()
+                finally:
+                    MysqlService.release_lock(admin, lock)
+                dropped.append(name)
+            # A login whose database was never made (its process died in between).
+            for user in sorted(filter(_MYSQL_USER.match, users)):
+                if not MysqlService.take_lock(admin, user, wait=False):
+                    continue
+                try:
+                    with admin.cursor() as cursor:
+                        for host in _MYSQL_USER_HOSTS:
+                            cursor.execute("DROP USER IF EXISTS %s@%s", (user, host))
+                finally:
+                    MysqlService.release_lock(admin, user)
+        finally:
+            admin.close()
+        return dropped
 
     def start(self) -> None:
         self._hold()
@@ -713,73 +770,7 @@ def drop_orphaned_databases(*, postgres_url: str | None, mysql_url: str | None) 
     databases. Returns the names dropped."""
     dropped: list[str] = []
     if postgres_url:
-        dropped += _drop_orphaned("postgres", postgres_url)
+        dropped += PostgresService.drop_orphaned(postgres_url)
     if mysql_url:
-        dropped += _drop_orphaned("mysql", mysql_url)
-    return dropped
-
-
-def _drop_orphaned(kind: str, server_url: str) -> list[str]:
-    if kind == "postgres":
-        return _drop_orphaned_postgres(server_url)
-    return _drop_orphaned_mysql(server_url)
-
-
-def _drop_orphaned_postgres(server_url: str) -> list[str]:
-    import psycopg
-
-    dropped: list[str] = []
-    with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as admin:
-        # With the roles: one whose database was never made (its process died in between).
-        names = admin.execute(
-            "SELECT datname FROM pg_database WHERE datname LIKE 'ks\\_%'"
-            " UNION SELECT rolname FROM pg_roles WHERE rolname LIKE 'ks\\_%'"
-        ).fetchall()
-        for name in sorted(str(row[0]) for row in names if _named_by_keystone(str(row[0]))):
-            if not PostgresService.take_lock(admin, name, wait=False):
-                continue  # its process lives
-            try:
-                _drop_postgres_database(admin, name)
-            finally:
-                PostgresService.release_lock(admin, name)
-            dropped.append(name)
-    return dropped
-
-
-_MYSQL_USER = re.compile(r"^ks_u_[0-9a-z]{7}[0-9a-f]{6}$")
-
-
-def _drop_orphaned_mysql(server_url: str) -> list[str]:
-    dropped: list[str] = []
-    admin = MysqlService("sweep", Seed(), server_url=server_url, database="")._connect(None)
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute("SHOW DATABASES LIKE 'ks\\_%'")
-            databases = sorted(str(row[0]) for row in cursor.fetchall())
-            cursor.execute("SELECT DISTINCT user FROM mysql.user WHERE user LIKE 'ks\\_u\\_%'")
-            users = {str(row[0]) for row in cursor.fetchall()}
-        for name in filter(_named_by_keystone, databases):
-            lock = MysqlService.user_for(name)
-            if not MysqlService.take_lock(admin, lock, wait=False):
-                users.discard(lock)
-                continue  # its process lives
-            try:
-                # Its process's own path: end the sessions left, drop it and its login.
-                MysqlService("sweep", Seed(), server_url=server_url, database=name).drop()
-            finally:
-                MysqlService.release_lock(admin, lock)
-            users.discard(lock)
-            dropped.append(name)
-        # A login whose database was never made (its process died in between).
-        for user in sorted(filter(_MYSQL_USER.match, users)):
-            if not MysqlService.take_lock(admin, user, wait=False):
-                continue
-            try:
-                with admin.cursor() as cursor:
-                    for host in _MYSQL_USER_HOSTS:
-                        cursor.execute("DROP USER IF EXISTS %s@%s", (user, host))
-            finally:
-                MysqlService.release_lock(admin, user)
-    finally:
-        admin.close()
+        dropped += MysqlService.drop_orphaned(mysql_url)
     return dropped
