@@ -54,7 +54,7 @@ def create_workspace(
     root.mkdir(parents=True, exist_ok=True)
     if _looks.due(root):
         remove_orphaned_workspaces(root)
-    prefix = "kept-" if keep else f"ws-{_OWNER.token(root)}-"
+    prefix = "kept-" if keep else _workspace_prefix(_OWNER.token(root))
     workspace = Path(tempfile.mkdtemp(prefix=prefix, dir=root)).resolve()
     try:
         if source_dir:
@@ -121,8 +121,8 @@ class _Owner:
             return
         token, fd = held
         with contextlib.suppress(OSError):
-            if not any(name.startswith(f"ws-{token}-") for name in os.listdir(root)):
-                os.unlink(root / f"ws-{token}.lock")
+            if not any(name.startswith(_workspace_prefix(token)) for name in os.listdir(root)):
+                os.unlink(root / _lock_file(token))
         os.close(fd)
 
     def _forget(self) -> None:
@@ -133,10 +133,23 @@ class _Owner:
         self._guard = threading.Lock()
 
 
+# A process's name TOKEN in a root: its lock file `ws-TOKEN.lock`, its workspaces `ws-TOKEN-*`.
+_NAME_PREFIX = "ws-"
+_LOCK_SUFFIX = ".lock"
+
+
+def _lock_file(token: str) -> str:
+    return f"{_NAME_PREFIX}{token}{_LOCK_SUFFIX}"
+
+
+def _workspace_prefix(token: str) -> str:
+    return f"{_NAME_PREFIX}{token}-"
+
+
 def _hold_new_name(root: Path) -> tuple[str, int]:
     while True:
         token = secrets.token_hex(6)
-        path = root / f"ws-{token}.lock"
+        path = root / _lock_file(token)
         try:
             fd = os.open(
                 path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
@@ -169,7 +182,7 @@ def remove_orphaned_workspaces(root: Path) -> None:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):
                     directories.append(entry.name)
-                elif entry.name.startswith("ws-") and entry.name.endswith(".lock"):
+                elif entry.name.startswith(_NAME_PREFIX) and entry.name.endswith(_LOCK_SUFFIX):
                     locks.append(entry.name)
     except OSError:
         return
@@ -184,7 +197,7 @@ def remove_orphaned_workspaces(root: Path) -> None:
             os.close(fd)
             continue
         try:
-            prefix = lock.removesuffix(".lock") + "-"
+            prefix = _workspace_prefix(lock.removeprefix(_NAME_PREFIX).removesuffix(_LOCK_SUFFIX))
             left = False
             for name in directories:
                 if not name.startswith(prefix):
