@@ -5,8 +5,8 @@ Python that runs Keystone first on PATH, and none of the server's environment va
 waits until the probe answers 2xx, and keeps the server for the next executions of this
 process; it is stopped when the process exits, or, should the process be killed first, by the
 next Keystone process on the host to run an agent with `agent.start` (else the server would
-answer the next runs from the agent's code as it was then). A server that somebody else already runs on that URL is used
-as it is.
+answer the next runs from the agent's code as it was then). A server that somebody else
+already runs on that URL is used as it is.
 
 The command runs outside any sandbox, so it is allowed only for specs read from a directory
 on this machine (`keystone run`, the demo) or with KEYSTONE_ALLOW_HOST_SCRIPTS=true.
