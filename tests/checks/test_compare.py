@@ -3,6 +3,10 @@ test, one-sided for a drop."""
 
 from __future__ import annotations
 
+import random
+import subprocess
+import sys
+
 import pytest
 
 from checks.compare import CellChange, compare_counts, needed_replicas, p_drop
@@ -27,6 +31,59 @@ def test_9_of_10_down_to_8_of_10_is_not_significant() -> None:
     assert p_drop(9, 10, 8, 10) == pytest.approx(0.5)
     change = _verdict((9, 10), (8, 10))
     assert change.verdict == "unchanged" and change.needed_replicas is None
+
+
+def _scipy_p_drop(
+    before_passed: int, before_total: int, after_passed: int, after_total: int
+) -> float:
+    from scipy.stats import fisher_exact  # the reference implementation (a dev dependency)
+
+    table = [
+        [after_passed, after_total - after_passed],
+        [before_passed, before_total - before_passed],
+    ]
+    return float(fisher_exact(table, alternative="less").pvalue)
+
+
+def test_the_test_gives_scipy_s_p_value_for_every_table() -> None:
+    """Every table with up to 9 executions a side, then larger ones up to 5,000 a side, where
+    the integers of the exact sum run to thousands of digits and p to below 1e-100."""
+    small = [
+        (bp, bt, ap, at)
+        for bt in range(10)
+        for at in range(10)
+        for bp in range(bt + 1)
+        for ap in range(at + 1)
+    ]
+    draw = random.Random(18)
+    large = []
+    for total in (60, 300, 1000, 5000):
+        for _ in range(25):
+            bt, at = draw.randint(1, total), draw.randint(1, total)
+            large.append((draw.randint(0, bt), bt, draw.randint(0, at), at))
+    large += [(5000, 5000, 4600, 5000), (1000, 1000, 0, 1000), (2500, 5000, 2400, 5000)]
+    for counts in small + large:
+        assert p_drop(*counts) == pytest.approx(_scipy_p_drop(*counts), rel=1e-12, abs=1e-300), (
+            counts
+        )
+    assert 0.0 < p_drop(5000, 5000, 4600, 5000) < 1e-100
+
+
+def test_comparing_counts_imports_neither_scipy_nor_numpy() -> None:
+    """scipy.stats took 0.65 s and 89 MB to import, once in each web or worker process that
+    showed a regression: the test is computed without it (and so without numpy)."""
+    code = (
+        "import sys\n"
+        "from checks.compare import compare_counts\n"
+        "change = compare_counts('invariant', 'x @ s', (9, 10), (3, 10), before_codes=set(),"
+        " after_codes=set())\n"
+        "assert change.verdict == 'regressed', change\n"
+        "print(sorted(m for m in ('scipy', 'numpy') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
 
 
 def test_1_of_1_down_to_0_of_1_cannot_tell_and_says_how_many_would() -> None:
