@@ -46,8 +46,9 @@ def _scipy_p_drop(
 
 
 def test_the_test_gives_scipy_s_p_value_for_every_table() -> None:
-    """Every table with up to 9 executions a side, then larger ones up to 5,000 a side, where
-    the integers of the exact sum run to thousands of digits and p to below 1e-100."""
+    """Every table with up to 9 executions a side, summed in exact integers; then larger ones
+    up to a million a side, whose terms are floats past EXACT_UP_TO executions (scipy itself
+    is only as close as 1e-9 there), with p down to 1e-250."""
     small = [
         (bp, bt, ap, at)
         for bt in range(10)
@@ -55,18 +56,29 @@ def test_the_test_gives_scipy_s_p_value_for_every_table() -> None:
         for bp in range(bt + 1)
         for ap in range(at + 1)
     ]
+    for counts in small:
+        assert p_drop(*counts) == pytest.approx(_scipy_p_drop(*counts), rel=1e-13), counts
     draw = random.Random(18)
     large = []
-    for total in (60, 300, 1000, 5000):
-        for _ in range(25):
-            bt, at = draw.randint(1, total), draw.randint(1, total)
-            large.append((draw.randint(0, bt), bt, draw.randint(0, at), at))
-    large += [(5000, 5000, 4600, 5000), (1000, 1000, 0, 1000), (2500, 5000, 2400, 5000)]
-    for counts in small + large:
-        assert p_drop(*counts) == pytest.approx(_scipy_p_drop(*counts), rel=1e-12, abs=1e-300), (
+    for per_side in (100, 1000, 5000, 100_000, 1_000_000):
+        for _ in range(20):
+            bt, at = draw.randint(1, per_side), draw.randint(1, per_side)
+            bp = draw.randint(0, bt)
+            # A drop, as the comparison tests it (a rise is tested the other way round).
+            ap = draw.randint(0, at * bp // bt)
+            large.append((bp, bt, ap, at))
+    large += [(90_000, 100_000, 85_000, 100_000), (5000, 5000, 4600, 5000)]
+    for counts in large:
+        assert p_drop(*counts) == pytest.approx(_scipy_p_drop(*counts), rel=1e-8, abs=1e-300), (
             counts
         )
-    assert 0.0 < p_drop(5000, 5000, 4600, 5000) < 1e-100
+    assert 1e-260 < p_drop(90_000, 100_000, 85_000, 100_000) < 1e-240
+
+
+def test_a_p_value_exactly_at_alpha_is_not_below_it() -> None:
+    # 3 of 3 down to 0 of 3: p = 1/C(6, 3) = 1/20, which a float sum could put under 0.05.
+    assert p_drop(3, 3, 0, 3) == 0.05
+    assert _verdict((3, 3), (0, 3)).verdict == "not_enough_replicas"
 
 
 def test_comparing_counts_imports_neither_scipy_nor_numpy() -> None:
