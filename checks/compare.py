@@ -101,7 +101,7 @@ def p_drop(before_passed: int, before_total: int, after_passed: int, after_total
     total = passed + failed
     fewest = max(0, after_total - failed)  # the second run's passes cannot go below this
     exact = total <= EXACT_UP_TO
-    term: float = (
+    term: int | float = (  # an exact integer up to EXACT_UP_TO, else relative to the first
         math.comb(passed, after_passed) * math.comb(failed, after_total - after_passed)
         if exact
         else 1.0
