@@ -6,6 +6,9 @@
 Each benchmark runs as its own process, `--repeat` times (a whole-process command that takes
 under a second, QUICK_SAMPLES times as often); its figure is read from what it prints, and
 the table gives min / median / max with the target, the command, the machine and the date.
+The machine's own speed is read before the first benchmark and after the last (MACHINE_SPEED:
+one core's pure Python, nothing of Keystone's), so that tables from different machines, or
+from one machine that slowed down meanwhile, can be compared.
 Whole-process timings (`keystone --help`, `validate`, a one-execution `run`, 1,000
 executions on the embedded default) are the wall time of the command itself. The smoke run
 checks that every benchmark still runs (CI), not that it is fast: its figures are printed,
@@ -38,6 +41,8 @@ from home import RAN_AS_ROOT, traversable_tmpdir  # noqa: E402
 PYTHON = sys.executable
 PG = "postgresql://postgres@127.0.0.1:5432"
 QUICK_SAMPLES = 5  # runs per repeat of a whole-process command that takes under a second
+# The machine's speed, in the table's header: the same statement on every machine.
+MACHINE_SPEED = "sum(range(10**6))"
 
 NOOP_SPEC = """\
 version: 1
@@ -282,6 +287,22 @@ def run_bench(bench: Bench, argv: list[str], env: dict[str, str]) -> list[float]
     return [bench.read(output, timing)] + [more.read(output, timing) for more in bench.more]
 
 
+def machine_speed_ms() -> float:
+    """MACHINE_SPEED's best time of 5 rounds, in ms, in a process of its own (as
+    `python -m timeit`): a shared machine's speed moves by a third within an hour."""
+    output = subprocess.run(
+        [PYTHON, "-m", "timeit", "-r", "5", MACHINE_SPEED],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = re.search(r"best of 5: ([\d.]+) (nsec|usec|msec|sec) per loop", output)
+    if found is None:
+        raise SystemExit(f"timeit printed no time: {output!r}")
+    scale = {"nsec": 1e-6, "usec": 1e-3, "msec": 1.0, "sec": 1e3}[found.group(2)]
+    return float(found.group(1)) * scale
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
@@ -311,6 +332,7 @@ def main() -> int:
         "PYTHONPATH": str(ROOT),
     }
     rows = []
+    speed_before = machine_speed_ms()
     chosen = [
         bench
         for bench in benches(tmp)
@@ -350,13 +372,15 @@ def main() -> int:
     finally:
         redis.terminate()
         shutil.rmtree(tmp, ignore_errors=True)
+    speed = (speed_before, machine_speed_ms())
+    print(f"machine speed ({MACHINE_SPEED}): {speed[0]:.1f} ms before, {speed[1]:.1f} ms after")
     out = Path(args.out) if args.out else (None if args.smoke else ROOT / "docs/performance.md")
     measured, written = split_doc(out.read_text() if out is not None and out.exists() else "")
     if args.only and measured:
         only = " ".join(f"--only {t!r}" if " " in t else f"--only {t}" for t in args.only)
-        table = merge(measured, rows, f"python bench/run_all.py {only} --repeat {repeat}")
+        table = merge(measured, rows, f"python bench/run_all.py {only} --repeat {repeat}", speed)
     else:
-        table = render(rows, repeat, smoke=args.smoke)
+        table = render(rows, repeat, speed, smoke=args.smoke)
     if out is not None:
         out.write_text(table + written)
         print(f"wrote {out}")
@@ -371,7 +395,16 @@ def split_doc(text: str) -> tuple[str, str]:
     return (text, "") if start < 0 else (text[:start], text[start:])
 
 
-def render(rows: list[tuple[str, str, str, str]], repeat: int, *, smoke: bool) -> str:
+def speed_text(speed: tuple[float, float]) -> str:
+    return (
+        f'`python -m timeit "{MACHINE_SPEED}"` (best of 5) took {speed[0]:.1f} ms before '
+        f"the first benchmark and {speed[1]:.1f} ms after the last"
+    )
+
+
+def render(
+    rows: list[tuple[str, str, str, str]], repeat: int, speed: tuple[float, float], *, smoke: bool
+) -> str:
     machine = f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}"
     lines = [
         "# Performance",
@@ -381,7 +414,7 @@ def render(rows: list[tuple[str, str, str, str]], repeat: int, *, smoke: bool) -
         f"run(s) of each benchmark ({repeat * (1 if smoke else QUICK_SAMPLES)} of each "
         "whole-process command that takes under a second). Commands run from the repository "
         "root; `python` is the virtualenv's. Each script's docstring says what it measures "
-        "and how.",
+        f"and how. The machine's speed: {speed_text(speed)}.",
         "",
         "| figure | target | measured (min / median / max) | command |",
         "|---|---|---|---|",
@@ -393,7 +426,9 @@ def render(rows: list[tuple[str, str, str, str]], repeat: int, *, smoke: bool) -
     return "\n".join(lines) + "\n"
 
 
-def merge(existing: str, rows: list[tuple[str, str, str, str]], command: str) -> str:
+def merge(
+    existing: str, rows: list[tuple[str, str, str, str]], command: str, speed: tuple[float, float]
+) -> str:
     """The existing table with `rows` in place of the rows of the same figure (new ones at
     the end), and a note saying which rows were measured when, by what."""
     lines = existing.rstrip("\n").split("\n")
@@ -410,7 +445,8 @@ def merge(existing: str, rows: list[tuple[str, str, str, str]], command: str) ->
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     note = (
         f"The {len(rows)} rows measured by `{command}` are from "
-        f"{datetime.date.today():%Y-%m-%d} (load average at the end {load}); the others as above."
+        f"{datetime.date.today():%Y-%m-%d} (load average at the end {load}; {speed_text(speed)}); "
+        "the others as above."
     )
     paragraphs = ["\n".join(merged), *([notes] if notes else []), note]
     return "\n\n".join(paragraphs) + "\n"

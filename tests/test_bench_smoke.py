@@ -5,6 +5,7 @@ not that it is fast (speed is measured in bench/, never in a timed test)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,14 @@ def test_every_benchmark_runs_and_reports_its_figure(tmp_path: Path) -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # The machine's speed before and after, in the header: tables of two machines compare.
+    speed = re.search(
+        r'`python -m timeit "sum\(range\(10\*\*6\)\)"` \(best of 5\) took ([\d.]+) ms before '
+        r"the first benchmark and ([\d.]+) ms after the last",
+        out.read_text(),
+    )
+    assert speed is not None, out.read_text()[:2000]
+    assert all(0 < float(ms) < 10_000 for ms in speed.groups()), speed.groups()
     rows = [
         line for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line
     ]
@@ -59,13 +68,17 @@ def test_measuring_some_rows_again_keeps_the_written_sections_once(monkeypatch: 
         "## Written by hand\n\n| page | before | after |\n|---|---|---|\n| run list | 9 | 8 |\n"
     )
     measured, written = run_all.split_doc(doc)
-    merged = run_all.merge(measured, [("b", "2", "6 / 6 / 6 ms", "y")], "python run_all --only b")
+    merged = run_all.merge(
+        measured, [("b", "2", "6 / 6 / 6 ms", "y")], "python run_all --only b", (12.5, 14.0)
+    )
     result = merged + written
     assert result.count("## Written by hand") == 1
     assert "| run list | 9 | 8 |" in result
     assert "| a | 1 | 5 / 5 / 5 ms | x |" in result
     assert "| b | 2 | 6 / 6 / 6 ms | y |" in result and "7 / 7 / 7" not in result
     assert result.index("measured by `python run_all --only b`") < result.index("## Written")
+    # The note of the rows measured again says how fast the machine was meanwhile.
+    assert "took 12.5 ms before the first benchmark and 14.0 ms after the last" in result
     assert "A paragraph about the table,\nwritten on two lines.\n\n" in result  # as it was
 
 
@@ -73,7 +86,6 @@ def test_the_pages_benchmark_shows_its_slowest_statements_with_their_plans() -> 
     """`bench_pages.py --explain N`: the N slowest statements over every page, slowest
     first, each with its page and PostgreSQL's plan of it as run (what docs/performance.md
     shows of the pages' queries)."""
-    import re
 
     env = {
         k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
