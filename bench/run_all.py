@@ -289,7 +289,8 @@ def run_bench(bench: Bench, argv: list[str], env: dict[str, str]) -> list[float]
 
 def machine_speed_ms() -> float:
     """MACHINE_SPEED's best time of 5 rounds, in ms, in a process of its own (as
-    `python -m timeit`): a shared machine's speed moves by a third within an hour."""
+    `python -m timeit`): a shared machine's speed moved by a sixth within an hour on one
+    machine, and by half within minutes on another (docs/performance.md)."""
     output = subprocess.run(
         [PYTHON, "-m", "timeit", "-r", "5", MACHINE_SPEED],
         capture_output=True,
