@@ -51,9 +51,8 @@ def test_every_benchmark_runs_and_reports_its_figure(tmp_path: Path) -> None:
         assert low > 0 or "overhead per call" in row, row
 
 
-def test_measuring_some_rows_again_keeps_the_written_sections_once(monkeypatch: Any) -> None:
-    """`run_all.py --only X` replaces X's row in the table and keeps the sections people
-    wrote below it as they are, once, tables of their own included."""
+def load_run_all(monkeypatch: Any) -> Any:
+    """bench/run_all.py as a module (bench/ is not a package)."""
     import importlib.util
 
     loaded = importlib.util.spec_from_file_location("run_all", REPO / "bench" / "run_all.py")
@@ -61,6 +60,13 @@ def test_measuring_some_rows_again_keeps_the_written_sections_once(monkeypatch: 
     run_all = importlib.util.module_from_spec(loaded)
     monkeypatch.setitem(sys.modules, "run_all", run_all)  # its dataclasses look it up
     loaded.loader.exec_module(run_all)
+    return run_all
+
+
+def test_measuring_some_rows_again_keeps_the_written_sections_once(monkeypatch: Any) -> None:
+    """`run_all.py --only X` replaces X's row in the table and keeps the sections people
+    wrote below it as they are, once, tables of their own included."""
+    run_all = load_run_all(monkeypatch)
     doc = (
         "# Performance\n\n| figure | target | measured | command |\n|---|---|---|---|\n"
         "| a | 1 | 5 / 5 / 5 ms | x |\n| b | 2 | 7 / 7 / 7 ms | y |\n\n"
@@ -80,6 +86,18 @@ def test_measuring_some_rows_again_keeps_the_written_sections_once(monkeypatch: 
     # The note of the rows measured again says how fast the machine was meanwhile.
     assert "took 12.5 ms before the first benchmark and 14.0 ms after the last" in result
     assert "A paragraph about the table,\nwritten on two lines.\n\n" in result  # as it was
+    assert "The row measured by `python run_all --only b` is from " in result  # one row
+
+
+def test_the_note_of_rows_measured_again_counts_them(monkeypatch: Any) -> None:
+    """Two rows measured again are "the 2 rows", one is "the row" (not "the 1 rows")."""
+    run_all = load_run_all(monkeypatch)
+    table = (
+        "# P\n\n| figure | target | measured | command |\n|---|---|---|---|\n| a | 1 | 5 ms | x |\n"
+    )
+    rows = [("a", "1", "4 ms", "x"), ("b", "2", "6 ms", "y")]
+    both = run_all.merge(table, rows, "run_all --only a --only b", (12.5, 14.0))
+    assert "The 2 rows measured by `run_all --only a --only b` are from " in both
 
 
 def test_the_pages_benchmark_shows_its_slowest_statements_with_their_plans() -> None:
