@@ -444,10 +444,9 @@ def merge(
     # The paragraphs under the table as they were (a paragraph's lines stay together).
     notes = "\n".join(lines[table_end + 1 :]).strip("\n")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    which = "The row measured" if len(rows) == 1 else f"The {len(rows)} rows measured"
-    are = "is" if len(rows) == 1 else "are"
+    which, are = ("The row", "is") if len(rows) == 1 else (f"The {len(rows)} rows", "are")
     note = (
-        f"{which} by `{command}` {are} from "
+        f"{which} measured by `{command}` {are} from "
         f"{datetime.date.today():%Y-%m-%d} (load average at the end {load}; {speed_text(speed)}); "
         "the others as above."
     )
